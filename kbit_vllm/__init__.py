@@ -1,0 +1,25 @@
+"""kbit_vllm: kbit (2/3/4/5-bit codebook) and awq_orin (AWQ int4) weight-only quantization.
+
+Importing the package defines the kbit_vllm:: torch ops and registers their CPU and CUDA
+implementations.
+"""
+
+from __future__ import annotations
+
+from . import ops
+from .backends import register as _register_backends
+from .backends.cuda.library import STATUS as _LIB_STATUS
+from .backends.cuda.library import LibraryStatus
+from .formats import normal_float_codebook
+
+__version__ = "0.1.0"
+
+_register_backends()
+
+
+def cuda_library_status() -> LibraryStatus:
+    """Whether the compiled CUDA library loaded, for which archs, and if not, why."""
+    return _LIB_STATUS
+
+
+__all__ = ["LibraryStatus", "__version__", "cuda_library_status", "normal_float_codebook", "ops"]

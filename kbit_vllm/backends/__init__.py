@@ -1,0 +1,57 @@
+"""Registers each device's implementation of the kbit_vllm:: ops.
+
+CPU: the PyTorch reference, with PyTorch's fused int4 matmul for AWQ. CUDA: the compiled
+library's kernels where they exist and the library serves this GPU; the reference otherwise.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import reference as ref
+from .cpu import int4pack
+from .cuda import library
+from .cuda import ops as cuda_ops
+
+_REFERENCE_OPS = (
+    "kbit_quantize", "kbit_dequantize", "kbit_repack", "kbit_unrepack", "kbit_linear",
+    "kbit_grouped_linear", "awq_dequantize", "awq_repack", "awq_linear",
+)
+_CUDA_KERNEL_OPS = ("kbit_quantize",)
+
+_registered = False
+_LIB = torch.library.Library("kbit_vllm", "IMPL")
+
+
+def awq_resident_shape(device: torch.device, in_features: int, out_features: int,
+                       group_size: int) -> tuple[tuple[int, int], torch.dtype]:
+    """Shape and dtype of awq_repack's wq on this device (see ops.py)."""
+    if device.type == "cpu":
+        return int4pack.resident_shape(in_features, out_features, group_size)
+    return (in_features, out_features // 8), torch.int32
+
+
+def _cuda_dispatch(name: str):
+    kernel = getattr(cuda_ops, name)
+    fallback = getattr(ref, name)
+
+    def impl(*args):
+        dev = next(a.device for a in args if isinstance(a, torch.Tensor))
+        if library.device_supported(dev.index if dev.index is not None else torch.cuda.current_device())[0]:
+            return kernel(*args)
+        return fallback(*args)
+
+    return impl
+
+
+def register() -> None:
+    """Register all implementations once (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    for name in _REFERENCE_OPS:
+        cpu_impl = getattr(int4pack, name, None) if name.startswith("awq_") else None
+        _LIB.impl(name, cpu_impl or getattr(ref, name), "CPU")
+        use_kernel = name in _CUDA_KERNEL_OPS and library.LIB is not None
+        _LIB.impl(name, _cuda_dispatch(name) if use_kernel else getattr(ref, name), "CUDA")
+    _registered = True

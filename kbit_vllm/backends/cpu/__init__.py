@@ -1,0 +1,1 @@
+"""CPU backend: the reference ops, plus PyTorch's fused int4 CPU matmul for awq_orin."""

@@ -1,0 +1,155 @@
+"""Input validation shared by every op's fake and real implementations.
+
+Each check raises ValueError (or TypeError) naming the op and what was expected, so a bad
+shape never reaches a kernel and nothing is silently computed wrong.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .formats import AWQ_GROUP_SIZES, BLOCK, TILE_N, check_bits, n_tiles_for
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def require(cond: bool, op: str, msg: str) -> None:
+    if not cond:
+        raise ValueError(f"kbit_vllm::{op}: {msg}")
+
+
+def _dtype(t: torch.Tensor, want: torch.dtype | tuple[torch.dtype, ...], op: str, name: str) -> None:
+    ok = t.dtype in want if isinstance(want, tuple) else t.dtype == want
+    require(ok, op, f"{name} must be {want}, got {t.dtype}")
+
+
+def _same_device(op: str, **tensors: torch.Tensor | None) -> None:
+    devs = {n: t.device for n, t in tensors.items() if t is not None}
+    first = next(iter(devs.values()))
+    for n, d in devs.items():
+        require(d == first, op, f"all tensors must be on one device; {n} is on {d}, expected {first}")
+
+
+def check_codebook_for(codebook: torch.Tensor, k: int, op: str) -> None:
+    try:
+        check_bits(k, f"kbit_vllm::{op}")
+    except ValueError as e:
+        raise ValueError(str(e)) from None
+    _dtype(codebook, torch.float32, op, "codebook")
+    require(
+        codebook.dim() == 1 and codebook.numel() == (1 << k),
+        op,
+        f"codebook for bits={k} must have shape [{1 << k}], got {list(codebook.shape)}",
+    )
+
+
+def check_quantize(w: torch.Tensor, codebook: torch.Tensor, k: int) -> None:
+    op = "kbit_quantize"
+    check_codebook_for(codebook, k, op)
+    _dtype(w, FLOAT_DTYPES, op, "weight")
+    require(w.dim() == 2, op, f"weight must be 2-D [out, in], got shape {list(w.shape)}")
+    require(w.shape[1] % BLOCK == 0, op, f"in_features must be a multiple of {BLOCK}, got {w.shape[1]}")
+    _same_device(op, weight=w, codebook=codebook)
+
+
+def check_serialized(packed: torch.Tensor, absmax: torch.Tensor, k: int, op: str) -> None:
+    check_bits(k, f"kbit_vllm::{op}")
+    _dtype(packed, torch.int32, op, "packed")
+    _dtype(absmax, torch.uint8, op, "absmax")
+    require(absmax.dim() == 2, op, f"absmax must be 2-D [out, in/32], got {list(absmax.shape)}")
+    out_f, nb = absmax.shape
+    require(
+        packed.dim() == 2 and tuple(packed.shape) == (out_f, nb * k),
+        op,
+        f"packed must be [out, in/32*k] = [{out_f}, {nb * k}] for bits={k} and absmax "
+        f"{list(absmax.shape)}, got {list(packed.shape)}",
+    )
+    _same_device(op, packed=packed, absmax=absmax)
+
+
+def check_tiled(packed_tiled: torch.Tensor, absmax_tiled: torch.Tensor, k: int, out_features: int, op: str,
+                experts: bool = False) -> None:
+    """Tiled layout: packed [(E,) n_tiles, in/32, k, TILE_N] int32, absmax [(E,) n_tiles, in/32, TILE_N]."""
+    check_bits(k, f"kbit_vllm::{op}")
+    _dtype(packed_tiled, torch.int32, op, "packed_tiled")
+    _dtype(absmax_tiled, torch.uint8, op, "absmax_tiled")
+    lead = 1 if experts else 0
+    require(out_features > 0, op, f"out_features must be positive, got {out_features}")
+    nt = n_tiles_for(out_features)
+    require(
+        absmax_tiled.dim() == 3 + lead and absmax_tiled.shape[lead] == nt and absmax_tiled.shape[-1] == TILE_N,
+        op,
+        f"absmax_tiled must be [{'E, ' if experts else ''}{nt}, in/32, {TILE_N}] for out_features="
+        f"{out_features}, got {list(absmax_tiled.shape)}",
+    )
+    expect = (*absmax_tiled.shape[:-1], k, TILE_N)
+    require(
+        tuple(packed_tiled.shape) == expect,
+        op,
+        f"packed_tiled must be {list(expect)} for bits={k}, got {list(packed_tiled.shape)}",
+    )
+    _same_device(op, packed_tiled=packed_tiled, absmax_tiled=absmax_tiled)
+
+
+def check_kbit_linear(x: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch.Tensor,
+                      codebook: torch.Tensor, bias: torch.Tensor | None, k: int, out_features: int,
+                      op: str = "kbit_linear", experts: bool = False) -> None:
+    check_codebook_for(codebook, k, op)
+    check_tiled(packed_tiled, absmax_tiled, k, out_features, op, experts)
+    _dtype(x, FLOAT_DTYPES, op, "x")
+    in_f = absmax_tiled.shape[-2] * BLOCK
+    require(x.dim() >= 1 and x.shape[-1] == in_f, op,
+            f"x must be [..., {in_f}] to match the weight's in_features, got {list(x.shape)}")
+    if bias is not None:
+        require(bias.dtype == x.dtype, op, f"bias dtype {bias.dtype} must match x dtype {x.dtype}")
+        require(tuple(bias.shape) == (out_features,), op,
+                f"bias must be [{out_features}], got {list(bias.shape)}")
+    _same_device(op, x=x, packed_tiled=packed_tiled, codebook=codebook, bias=bias)
+
+
+def check_grouped(x: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch.Tensor,
+                  codebook: torch.Tensor, expert_offsets: torch.Tensor, k: int, out_features: int) -> None:
+    op = "kbit_grouped_linear"
+    check_kbit_linear(x, packed_tiled, absmax_tiled, codebook, None, k, out_features, op, experts=True)
+    require(x.dim() == 2, op, f"x must be 2-D [tokens, in] sorted by expert, got {list(x.shape)}")
+    _dtype(expert_offsets, (torch.int32, torch.int64), op, "expert_offsets")
+    n_exp = packed_tiled.shape[0]
+    require(tuple(expert_offsets.shape) == (n_exp + 1,), op,
+            f"expert_offsets must be [num_experts + 1] = [{n_exp + 1}], got {list(expert_offsets.shape)}")
+    _same_device(op, x=x, expert_offsets=expert_offsets)
+
+
+def check_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int,
+              op: str) -> None:
+    require(group_size in AWQ_GROUP_SIZES, op, f"group_size must be one of {AWQ_GROUP_SIZES}, got {group_size}")
+    _dtype(qweight, torch.int32, op, "qweight")
+    _dtype(qzeros, torch.int32, op, "qzeros")
+    _dtype(scales, (torch.float16, torch.bfloat16, torch.float32), op, "scales")
+    require(qweight.dim() == 2, op, f"qweight must be 2-D [in, out/8], got {list(qweight.shape)}")
+    in_f, out8 = qweight.shape
+    require(in_f % group_size == 0, op, f"in_features {in_f} must be a multiple of group_size {group_size}")
+    groups = in_f // group_size
+    require(tuple(scales.shape) == (groups, out8 * 8), op,
+            f"scales must be [in/group_size, out] = [{groups}, {out8 * 8}], got {list(scales.shape)}")
+    require(tuple(qzeros.shape) == (groups, out8), op,
+            f"qzeros must be [in/group_size, out/8] = [{groups}, {out8}], got {list(qzeros.shape)}")
+    _same_device(op, qweight=qweight, qzeros=qzeros, scales=scales)
+
+
+def check_awq_linear(x: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, bias: torch.Tensor | None,
+                     group_size: int, out_features: int) -> None:
+    """Resident AWQ layout: sz is [in/group_size, out, 2] (scale, offset) in x's dtype."""
+    op = "awq_linear"
+    require(group_size in AWQ_GROUP_SIZES, op, f"group_size must be one of {AWQ_GROUP_SIZES}, got {group_size}")
+    _dtype(x, FLOAT_DTYPES, op, "x")
+    require(sz.dim() == 3 and sz.shape[1] == out_features and sz.shape[2] == 2, op,
+            f"scales_and_offsets must be [in/group_size, {out_features}, 2], got {list(sz.shape)}")
+    require(sz.dtype == x.dtype, op, f"scales_and_offsets dtype {sz.dtype} must match x dtype {x.dtype} "
+            "(repack with the activation dtype)")
+    in_features = sz.shape[0] * group_size
+    require(x.dim() >= 1 and x.shape[-1] == in_features, op,
+            f"x must be [..., {in_features}], got {list(x.shape)}")
+    if bias is not None:
+        require(bias.dtype == x.dtype, op, f"bias dtype {bias.dtype} must match x dtype {x.dtype}")
+        require(tuple(bias.shape) == (out_features,), op, f"bias must be [{out_features}], got {list(bias.shape)}")
+    _same_device(op, x=x, wq=wq, sz=sz, bias=bias)

@@ -1,0 +1,166 @@
+"""The kbit_vllm:: custom ops: schemas and fake (meta) implementations.
+
+Layers and configs call only these ops. Device implementations live in backends/ and are
+registered when the package is imported. Every fake runs the same input checks as the real
+implementations, so torch.compile reports bad shapes at trace time.
+
+Resident (kernel) layouts:
+  kbit: see formats/kbit_layout.py (tiled, TILE_N rows per tile).
+  awq : wq is device-specific (CPU: PyTorch int4pack uint8 [out, in/2] when the shape allows,
+        else the AWQ qweight int32 [in, out/8] unchanged); sz is [in/group_size, out, 2]
+        holding (scale, offset) with w = (q - 8) * scale + offset, in the activation dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import op_checks as C
+from .formats import TILE_N, n_tiles_for
+
+NS = "kbit_vllm"
+
+_SCHEMAS = {
+    "kbit_quantize": "(Tensor weight, Tensor codebook, int k) -> (Tensor, Tensor)",
+    "kbit_dequantize": "(Tensor packed, Tensor absmax, Tensor codebook, int k, ScalarType dtype) -> Tensor",
+    "kbit_repack": "(Tensor packed, Tensor absmax, int k) -> (Tensor, Tensor)",
+    "kbit_unrepack": "(Tensor packed_tiled, Tensor absmax_tiled, int k, int out_features) -> (Tensor, Tensor)",
+    "kbit_linear": "(Tensor x, Tensor packed_tiled, Tensor absmax_tiled, Tensor codebook, Tensor? bias, "
+    "int k, int out_features) -> Tensor",
+    "kbit_grouped_linear": "(Tensor x, Tensor packed_tiled, Tensor absmax_tiled, Tensor codebook, "
+    "Tensor expert_offsets, int k, int out_features) -> Tensor",
+    "awq_dequantize": "(Tensor qweight, Tensor qzeros, Tensor scales, int group_size) -> Tensor",
+    "awq_repack": "(Tensor qweight, Tensor qzeros, Tensor scales, int group_size, ScalarType dtype) "
+    "-> (Tensor, Tensor)",
+    "awq_linear": "(Tensor x, Tensor wq, Tensor sz, Tensor? bias, int group_size, int out_features) -> Tensor",
+}
+
+_lib = torch.library.Library(NS, "DEF")
+for _name, _schema in _SCHEMAS.items():
+    _lib.define(_name + _schema)
+
+
+def _fake(name: str):
+    return torch.library.register_fake(f"{NS}::{name}", lib=_lib)
+
+
+@_fake("kbit_quantize")
+def _(weight, codebook, k):
+    C.check_quantize(weight, codebook, k)
+    out_f, in_f = weight.shape
+    nb = in_f // 32
+    return (weight.new_empty((out_f, nb * k), dtype=torch.int32),
+            weight.new_empty((out_f, nb), dtype=torch.uint8))
+
+
+@_fake("kbit_dequantize")
+def _(packed, absmax, codebook, k, dtype):
+    C.check_serialized(packed, absmax, k, "kbit_dequantize")
+    C.check_codebook_for(codebook, k, "kbit_dequantize")
+    return packed.new_empty((absmax.shape[0], absmax.shape[1] * 32), dtype=dtype)
+
+
+@_fake("kbit_repack")
+def _(packed, absmax, k):
+    C.check_serialized(packed, absmax, k, "kbit_repack")
+    nt, nb = n_tiles_for(absmax.shape[0]), absmax.shape[1]
+    return (packed.new_empty((nt, nb, k, TILE_N)), absmax.new_empty((nt, nb, TILE_N)))
+
+
+@_fake("kbit_unrepack")
+def _(packed_tiled, absmax_tiled, k, out_features):
+    C.check_tiled(packed_tiled, absmax_tiled, k, out_features, "kbit_unrepack")
+    nb = absmax_tiled.shape[1]
+    return (packed_tiled.new_empty((out_features, nb * k)), absmax_tiled.new_empty((out_features, nb)))
+
+
+@_fake("kbit_linear")
+def _(x, packed_tiled, absmax_tiled, codebook, bias, k, out_features):
+    C.check_kbit_linear(x, packed_tiled, absmax_tiled, codebook, bias, k, out_features)
+    return x.new_empty((*x.shape[:-1], out_features))
+
+
+@_fake("kbit_grouped_linear")
+def _(x, packed_tiled, absmax_tiled, codebook, expert_offsets, k, out_features):
+    C.check_grouped(x, packed_tiled, absmax_tiled, codebook, expert_offsets, k, out_features)
+    return x.new_empty((x.shape[0], out_features))
+
+
+@_fake("awq_dequantize")
+def _(qweight, qzeros, scales, group_size):
+    C.check_awq(qweight, qzeros, scales, group_size, "awq_dequantize")
+    return scales.new_empty((scales.shape[1], qweight.shape[0]))
+
+
+@_fake("awq_repack")
+def _(qweight, qzeros, scales, group_size, dtype):
+    C.check_awq(qweight, qzeros, scales, group_size, "awq_repack")
+    from .backends import awq_resident_shape  # device-specific layout, decided by the backend
+
+    wq_shape, wq_dtype = awq_resident_shape(qweight.device, qweight.shape[0], scales.shape[1], group_size)
+    sz = scales.new_empty((scales.shape[0], scales.shape[1], 2), dtype=dtype)
+    return qweight.new_empty(wq_shape, dtype=wq_dtype), sz
+
+
+@_fake("awq_linear")
+def _(x, wq, sz, bias, group_size, out_features):
+    C.check_awq_linear(x, wq, sz, bias, group_size, out_features)
+    return x.new_empty((*x.shape[:-1], out_features))
+
+
+# --- Python entry points: thin, typed wrappers over torch.ops.kbit_vllm ---------------------
+
+_ops = getattr(torch.ops, NS)
+
+
+def kbit_quantize(weight: torch.Tensor, codebook: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """W [out, in] -> serialized (packed int32 [out, in/32*k], absmax uint8 [out, in/32])."""
+    return _ops.kbit_quantize(weight, codebook, k)
+
+
+def kbit_dequantize(packed: torch.Tensor, absmax: torch.Tensor, codebook: torch.Tensor, k: int,
+                    dtype: torch.dtype = torch.float16) -> torch.Tensor:
+    """Serialized kbit -> W [out, in] in dtype."""
+    return _ops.kbit_dequantize(packed, absmax, codebook, k, dtype)
+
+
+def kbit_repack(packed: torch.Tensor, absmax: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Serialized -> tiled resident layout (run once at load)."""
+    return _ops.kbit_repack(packed, absmax, k)
+
+
+def kbit_unrepack(packed_tiled: torch.Tensor, absmax_tiled: torch.Tensor, k: int,
+                  out_features: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tiled resident layout -> serialized (for saving)."""
+    return _ops.kbit_unrepack(packed_tiled, absmax_tiled, k, out_features)
+
+
+def kbit_linear(x: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch.Tensor,
+                codebook: torch.Tensor, bias: torch.Tensor | None, k: int, out_features: int) -> torch.Tensor:
+    """y = x @ W^T + bias over any leading dims, W in the tiled layout."""
+    return _ops.kbit_linear(x, packed_tiled, absmax_tiled, codebook, bias, k, out_features)
+
+
+def kbit_grouped_linear(x: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch.Tensor,
+                        codebook: torch.Tensor, expert_offsets: torch.Tensor, k: int,
+                        out_features: int) -> torch.Tensor:
+    """MoE: rows expert_offsets[e]:expert_offsets[e+1] of x use expert e's weight."""
+    return _ops.kbit_grouped_linear(x, packed_tiled, absmax_tiled, codebook, expert_offsets, k, out_features)
+
+
+def awq_dequantize(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+                   group_size: int) -> torch.Tensor:
+    """AutoAWQ tensors -> dense W [out, in] in the scales' dtype."""
+    return _ops.awq_dequantize(qweight, qzeros, scales, group_size)
+
+
+def awq_repack(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int,
+               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """AutoAWQ tensors -> this device's resident layout (wq, scales_and_offsets in dtype)."""
+    return _ops.awq_repack(qweight, qzeros, scales, group_size, dtype)
+
+
+def awq_linear(x: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, bias: torch.Tensor | None,
+               group_size: int, out_features: int) -> torch.Tensor:
+    """y = x @ W^T + bias with W in the resident AWQ layout from awq_repack."""
+    return _ops.awq_linear(x, wq, sz, bias, group_size, out_features)
