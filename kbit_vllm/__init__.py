@@ -22,4 +22,14 @@ def cuda_library_status() -> LibraryStatus:
     return _LIB_STATUS
 
 
-__all__ = ["LibraryStatus", "__version__", "cuda_library_status", "normal_float_codebook", "ops"]
+def register() -> None:
+    """vLLM general-plugin entry point: registers the "kbit" and "awq_orin" quantization methods.
+
+    Idempotent; vLLM calls it in the frontend, the engine core and every worker.
+    """
+    from .quant_config.vllm_register import register_vllm
+
+    register_vllm()
+
+
+__all__ = ["LibraryStatus", "register", "__version__", "cuda_library_status", "normal_float_codebook", "ops"]

@@ -1,0 +1,1 @@
+"""Quantized layers: vLLM LinearMethods / FusedMoE methods and Hugging Face nn.Module replacements."""

@@ -1,0 +1,1 @@
+"""vLLM and Hugging Face quantization configs for kbit and awq_orin."""
