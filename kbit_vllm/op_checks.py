@@ -19,8 +19,9 @@ def require(cond: bool, op: str, msg: str) -> None:
 
 
 def _dtype(t: torch.Tensor, want: torch.dtype | tuple[torch.dtype, ...], op: str, name: str) -> None:
-    ok = t.dtype in want if isinstance(want, tuple) else t.dtype == want
-    require(ok, op, f"{name} must be {want}, got {t.dtype}")
+    wants = want if isinstance(want, tuple) else (want,)
+    names = ", ".join(str(w) for w in wants[:-1]) + (" or " if len(wants) > 1 else "") + str(wants[-1])
+    require(t.dtype in wants, op, f"{name} must be {names}, got {t.dtype}")
 
 
 def _same_device(op: str, **tensors: torch.Tensor | None) -> None:
