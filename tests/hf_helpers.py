@@ -45,7 +45,8 @@ def tokens(batch: int = 2, seq: int = 12, seed: int = 1) -> torch.Tensor:
 
 @torch.no_grad()
 def logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    return model(input_ids=ids).logits.float()
+    """fp32 logits on CPU, whatever device the model was loaded on."""
+    return model(input_ids=ids.to(model.device)).logits.float().cpu()
 
 
 def replace_linear_weights(model: nn.Module, weights: dict[str, torch.Tensor]) -> nn.Module:
@@ -85,3 +86,21 @@ def write_awq_checkpoint(src: str, dst: str, group_size: int = 64,
     with open(os.path.join(dst, "config.json"), "w") as f:
         json.dump(cfg, f)
     return dense
+
+
+def save_tiny_mixtral(path: str, seed: int = 0) -> str:
+    """Random-init tiny Mixtral (4 experts, top-2): transformers 5.x fuses experts into 3-D params."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = MixtralConfig(hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64, num_local_experts=4,
+                        num_experts_per_tok=2, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+                        pad_token_id=0)
+    model = MixtralForCausalLM(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.08)
+    model.save_pretrained(path)
+    return path
