@@ -55,7 +55,7 @@ def test_awq_model_config_route_and_generate(base, tmp_path):
     assert len(awq_layers(model)) == 14
     ref = replace_linear_weights(AutoModelForCausalLM.from_pretrained(base), dense)
     ids = tokens(batch=1, seq=5)
-    out = model.generate(ids, max_new_tokens=6, do_sample=False)
+    out = model.generate(ids.to(model.device), max_new_tokens=6, do_sample=False).cpu()
     assert out.shape == (1, 11)
     assert torch.equal(out, ref.generate(ids, max_new_tokens=6, do_sample=False))
 

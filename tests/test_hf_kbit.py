@@ -56,7 +56,7 @@ def dequantized_reference(base: str, model: nn.Module) -> nn.Module:
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().float(), b.detach().float()
+    a, b = a.detach().float().cpu(), b.detach().float().cpu()
     return float((a - b).norm() / b.norm())
 
 
@@ -114,7 +114,7 @@ def test_resident_layout_single_copy(base):
     assert m.tiled and "weight" not in m._parameters and not hasattr(m, "weight")
     assert m.weight_packed.shape == (1, 128 // 32, 3, 128) and m.weight_packed.dtype == torch.int32
     assert m.weight_absmax.shape == (1, 128 // 32, 128) and m.weight_absmax.dtype == torch.uint8
-    assert torch.equal(m.codebook, normal_float_codebook(3))
+    assert torch.equal(m.codebook.cpu(), normal_float_codebook(3))
     assert all(not p.requires_grad for p in m.parameters())
     assert model.is_quantized and model.quantization_method == "kbit"
 
@@ -160,7 +160,7 @@ def test_save_reload_bit_identical(base, tmp_path):
 def test_custom_codebook_saved(base, tmp_path):
     cb = [-1.0, -0.2, 0.3, 1.0]
     model = load_kbit(base, bits=2, codebook=cb)
-    assert torch.equal(model.model.layers[1].self_attn.o_proj.codebook, torch.tensor(cb))
+    assert torch.equal(model.model.layers[1].self_attn.o_proj.codebook.cpu(), torch.tensor(cb))
     out = str(tmp_path / "cb")
     model.save_pretrained(out)
     with open(os.path.join(out, "config.json")) as f:
@@ -226,7 +226,7 @@ def test_generate_matches_dequantized_model(base):
     model = load_kbit(base, bits=4)
     ref = dequantized_reference(base, model)
     ids = tokens(batch=1, seq=6)
-    out = model.generate(ids, max_new_tokens=8, do_sample=False)
+    out = model.generate(ids.to(model.device), max_new_tokens=8, do_sample=False).cpu()
     assert out.shape == (1, 14)
     assert torch.equal(out, ref.generate(ids, max_new_tokens=8, do_sample=False))
 
@@ -260,5 +260,5 @@ def test_torch_compile_forward(base):
     eager = logits(model, ids)
     compiled = torch.compile(model, backend="aot_eager", fullgraph=False)
     with torch.no_grad():
-        out = compiled(input_ids=ids).logits.float()
+        out = compiled(input_ids=ids.to(model.device)).logits.float().cpu()
     torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
