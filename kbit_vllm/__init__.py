@@ -16,6 +16,17 @@ __version__ = "0.1.0"
 
 _register_backends()
 
+try:  # Hugging Face integration: importing kbit_vllm registers "kbit" and "awq_orin" with transformers
+    from .quant_config.hf_configs import AwqOrinConfig, KbitConfig
+    from .quant_config.hf_quantizers import register_hf as _register_hf  # noqa: F401  (registers on import)
+except ImportError as _hf_err:  # transformers is optional
+    _HF_IMPORT_ERROR: ImportError | None = _hf_err
+
+    def __getattr__(name: str):
+        if name in ("KbitConfig", "AwqOrinConfig"):
+            raise ImportError(f"kbit_vllm.{name} needs transformers>=5: {_HF_IMPORT_ERROR}")
+        raise AttributeError(f"module 'kbit_vllm' has no attribute {name!r}")
+
 
 def cuda_library_status() -> LibraryStatus:
     """Whether the compiled CUDA library loaded, for which archs, and if not, why."""
@@ -32,4 +43,7 @@ def register() -> None:
     register_vllm()
 
 
-__all__ = ["LibraryStatus", "register", "__version__", "cuda_library_status", "normal_float_codebook", "ops"]
+__all__ = [
+    "AwqOrinConfig", "KbitConfig", "LibraryStatus", "register", "__version__",
+    "cuda_library_status", "normal_float_codebook", "ops",
+]

@@ -1,0 +1,308 @@
+"""Hugging Face HfQuantizers for "kbit" and "awq_orin", and their registration.
+
+Written against the transformers 5.x loader (5.17 and 5.23): modules are replaced on the meta
+model before loading; on-the-fly kbit goes through ``param_needs_quantization`` +
+``get_quantize_ops``; pre-quantized tensors load by key onto exact placeholders; after
+loading every layer is repacked once into its resident layout. See shared notes/hf_api.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.core_model_loading import ConversionOps
+from transformers.quantizers import HfQuantizer
+from transformers.quantizers import auto as hf_auto
+from transformers.quantizers.quantizers_utils import get_module_from_name, should_convert_module
+
+from ..formats import normal_float_codebook
+from ..layers.hf_linear import KBIT_SERIALIZED, AwqOrinLinear, KbitLinear, check_kbit_shape
+from ..ops import kbit_quantize
+from .hf_configs import AwqOrinConfig, KbitConfig
+
+logger = logging.getLogger("kbit_vllm")
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _progress(items: list, desc: str):
+    """tqdm over long loops (transformers ships tqdm); plain list when short or unavailable."""
+    if len(items) < 64:
+        return items
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return items
+    return tqdm(items, desc=desc)
+
+
+def _linears_to_convert(model: nn.Module, skip: list[str]) -> list[tuple[str, nn.Linear]]:
+    return [(n, m) for n, m in model.named_modules()
+            if isinstance(m, nn.Linear) and should_convert_module(n, skip)]
+
+
+def _check_device_map(method: str, device_map: Any) -> None:
+    """Resident layouts are repacked after accelerate dispatch, so offloading hooks would hold stale tensors."""
+    if not isinstance(device_map, dict):
+        return
+    devices = {str(v) for v in device_map.values()}
+    if "disk" in devices or ("cpu" in devices and len(devices) > 1):
+        raise ValueError(
+            f"{method}: device_map {device_map} offloads modules to cpu/disk next to an accelerator; this is "
+            "not supported. Put the whole model on the GPU(s), or on the CPU."
+        )
+
+
+def _loaded(t: torch.Tensor) -> bool:
+    return bool(getattr(t, "_is_hf_initialized", False)) and t.device.type != "meta"
+
+
+def _resolved_skips(quantizer: HfQuantizer, model: nn.Module, requested: list[str] | None) -> list[str]:
+    skip = quantizer.get_modules_to_not_convert(model, requested, model._keep_in_fp32_modules,
+                                                add_default_skips=True)
+    return sorted(set(skip))
+
+
+def _log_experts_left(model: nn.Module, method: str) -> None:
+    """transformers 5.x fuses MoE experts into 3-D Parameters that Linear replacement does not see."""
+    experts = [n for n, m in model.named_modules()
+               if any(p.dim() == 3 for p in m.parameters(recurse=False))]
+    if experts:
+        logger.warning("%s: %d fused MoE expert modules (e.g. '%s') are not quantized and stay in the model dtype",
+                       method, len(experts), experts[0])
+
+
+class KbitQuantizeOp(ConversionOps):
+    """On-the-fly: float ``<layer>.weight`` -> ``weight_packed``, ``weight_absmax``, ``codebook``.
+
+    Also returns an empty ``weight`` so the loader does not re-create the float placeholder as
+    a missing key (it is deleted by repack_).
+    """
+
+    def __init__(self, hf_quantizer: KbitHfQuantizer) -> None:
+        self.hf_quantizer = hf_quantizer
+
+    def convert(self, input_dict: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
+        qc = self.hf_quantizer.quantization_config
+        out: dict[str, torch.Tensor] = {}
+        for key, value in input_dict.items():
+            w = value[0] if isinstance(value, list) else value
+            prefix = key[: -len("weight")]
+            layer = prefix.rstrip(".")
+            codebook = self.hf_quantizer.codebook(w.device)
+            try:
+                packed, absmax = kbit_quantize(w, codebook, qc.bits)
+            except ValueError as e:
+                raise ValueError(f"kbit: cannot quantize '{layer}': {e}") from e
+            out[prefix + "weight_packed"] = packed
+            out[prefix + "weight_absmax"] = absmax
+            out[prefix + "codebook"] = codebook.clone()
+            out[key] = w.new_empty(0)
+            self.hf_quantizer.n_quantized += 1
+        return out
+
+    @property
+    def reverse_op(self) -> ConversionOps:
+        raise NotImplementedError("kbit: quantization is not reversible; kbit modules save their own format")
+
+
+class KbitHfQuantizer(HfQuantizer):
+    """Quantizes float checkpoints to kbit while loading, and loads saved kbit checkpoints."""
+
+    requires_calibration = False
+    quantization_config: KbitConfig
+
+    def __init__(self, quantization_config: KbitConfig, **kwargs: Any) -> None:
+        super().__init__(quantization_config, **kwargs)
+        self.dtype: torch.dtype | None = None
+        self.n_quantized = 0
+        self._codebooks: dict[str, torch.Tensor] = {}
+
+    def codebook(self, device: torch.device) -> torch.Tensor:
+        """The config's codebook (or the normal-float default) on device, fp32."""
+        key = str(device)
+        if key not in self._codebooks:
+            cb = self.quantization_config.codebook
+            self._codebooks[key] = (normal_float_codebook(self.quantization_config.bits, device) if cb is None
+                                    else torch.tensor(cb, dtype=torch.float32, device=device))
+        return self._codebooks[key]
+
+    def validate_environment(self, *args: Any, **kwargs: Any) -> None:
+        _check_device_map("kbit", kwargs.get("device_map"))
+
+    def update_device_map(self, device_map: dict[str, Any] | None) -> dict[str, Any] | None:
+        if device_map is None and torch.cuda.is_available():
+            return {"": torch.cuda.current_device()}
+        return device_map
+
+    def update_dtype(self, dtype: torch.dtype | None) -> torch.dtype:
+        if dtype is None:
+            dtype = torch.bfloat16
+        if dtype not in _FLOAT_DTYPES:
+            raise ValueError(f"kbit: model dtype must be one of {_FLOAT_DTYPES}, got {dtype}")
+        self.dtype = dtype
+        return dtype
+
+    def _process_model_before_weight_loading(self, model: nn.Module, **kwargs: Any) -> None:
+        qc = self.quantization_config
+        skip = _resolved_skips(self, model, qc.modules_to_not_convert)
+        qc.modules_to_not_convert = skip
+        dtype = self.dtype or model.dtype
+        targets = _linears_to_convert(model, skip)
+        for name, lin in targets:
+            check_kbit_shape(name, lin.in_features, lin.out_features, qc.blocksize)
+        for name, lin in targets:
+            with torch.device("meta"):
+                new = KbitLinear(lin.in_features, lin.out_features, lin.bias is not None, qc.bits, dtype,
+                                 quantize_on_load=not self.pre_quantized, layer_name=name)
+            model.set_submodule(name, new)
+        logger.info("kbit: %s %d linear layers at %d bits (skipped: %s)",
+                    "loading" if self.pre_quantized else "quantizing", len(targets), qc.bits, skip)
+        _log_experts_left(model, "kbit")
+
+    def param_needs_quantization(self, model: nn.Module, param_name: str, **kwargs: Any) -> bool:
+        if self.pre_quantized:
+            return False
+        module, name = get_module_from_name(model, param_name)
+        return isinstance(module, KbitLinear) and name == "weight"
+
+    def get_quantize_ops(self) -> ConversionOps:
+        return KbitQuantizeOp(self)
+
+    def param_element_size(self, model: nn.Module, param_name: str, param: torch.Tensor) -> float:
+        """Bytes per weight for device_map planning: k/8 for codes + 1/32 for the E4M4 absmax."""
+        if self.param_needs_quantization(model, param_name):
+            return self.quantization_config.bits / 8 + 1 / 32
+        return param.element_size()
+
+    def _process_model_after_weight_loading(self, model: nn.Module, **kwargs: Any) -> nn.Module:
+        layers = [(n, m) for n, m in model.named_modules() if isinstance(m, KbitLinear)]
+        for name, m in _progress(layers, "kbit repack"):
+            missing = [t for t in KBIT_SERIALIZED if not _loaded(getattr(m, t))]
+            if missing:
+                raise ValueError(f"kbit: layer '{name}' is missing {missing} in the checkpoint (expected "
+                                 f"weight_packed int32 [{m.out_features}, {m.in_features // 32 * m.bits}], "
+                                 f"weight_absmax uint8 [{m.out_features}, {m.in_features // 32}], "
+                                 f"codebook fp32 [{1 << m.bits}])")
+            m.repack_()
+        if not self.pre_quantized:
+            logger.info("kbit: quantized %d linear layers to %d bits", self.n_quantized, self.quantization_config.bits)
+        return model
+
+    def is_serializable(self, *args: Any, **kwargs: Any) -> bool:
+        return True
+
+    @property
+    def is_trainable(self) -> bool:
+        return False
+
+    @property
+    def is_compileable(self) -> bool:
+        return True
+
+
+class AwqOrinHfQuantizer(HfQuantizer):
+    """Runs AutoAWQ "gemm" checkpoints on kbit_vllm's awq ops (see AwqOrinConfig for how to select it)."""
+
+    requires_calibration = True
+    quantization_config: AwqOrinConfig
+
+    def __init__(self, quantization_config: AwqOrinConfig, **kwargs: Any) -> None:
+        if not kwargs.get("pre_quantized", True):
+            raise ValueError("awq_orin serves existing AutoAWQ checkpoints and cannot quantize a float model; "
+                             "use KbitConfig to quantize while loading")
+        super().__init__(quantization_config, **kwargs)
+        self.dtype: torch.dtype | None = None
+
+    def validate_environment(self, *args: Any, **kwargs: Any) -> None:
+        _check_device_map("awq_orin", kwargs.get("device_map"))
+
+    def update_device_map(self, device_map: dict[str, Any] | None) -> dict[str, Any] | None:
+        if device_map is None and torch.cuda.is_available():
+            return {"": torch.cuda.current_device()}
+        return device_map
+
+    def update_dtype(self, dtype: torch.dtype | None) -> torch.dtype:
+        if dtype is None:
+            dtype = torch.float16
+        if dtype not in _FLOAT_DTYPES:
+            raise ValueError(f"awq_orin: model dtype must be one of {_FLOAT_DTYPES}, got {dtype}")
+        self.dtype = dtype
+        return dtype
+
+    def _process_model_before_weight_loading(self, model: nn.Module, **kwargs: Any) -> None:
+        qc = self.quantization_config
+        skip = _resolved_skips(self, model, qc.modules_to_not_convert)
+        dtype = self.dtype or model.dtype
+        targets = _linears_to_convert(model, skip)
+        for name, lin in targets:
+            with torch.device("meta"):
+                new = AwqOrinLinear(lin.in_features, lin.out_features, lin.bias is not None, qc.group_size, dtype,
+                                    layer_name=name)
+            model.set_submodule(name, new)
+        logger.info("awq_orin: loading %d AWQ int4 linear layers (group %d)", len(targets), qc.group_size)
+        _log_experts_left(model, "awq_orin")
+
+    def _process_model_after_weight_loading(self, model: nn.Module, **kwargs: Any) -> nn.Module:
+        dtype = self.dtype or model.dtype
+        layers = [(n, m) for n, m in model.named_modules() if isinstance(m, AwqOrinLinear)]
+        for name, m in _progress(layers, "awq_orin repack"):
+            missing = [t for t in ("qweight", "qzeros", "scales") if not _loaded(getattr(m, t))]
+            if missing:
+                raise ValueError(f"awq_orin: layer '{name}' is missing {missing} in the checkpoint; if it is "
+                                 "not AWQ-quantized, list it in modules_to_not_convert")
+            m.repack_(dtype)
+        return model
+
+    def is_serializable(self, *args: Any, **kwargs: Any) -> bool:
+        logger.warning("awq_orin: models hold a device-specific resident layout and are not re-saved; "
+                       "keep the original AWQ checkpoint")
+        return False
+
+    @property
+    def is_trainable(self) -> bool:
+        return False
+
+    @property
+    def is_compileable(self) -> bool:
+        return True
+
+
+def _install_awq_override() -> None:
+    """Let ``from_pretrained(awq_checkpoint, quantization_config=AwqOrinConfig())`` select awq_orin.
+
+    transformers raises when the passed config class differs from the checkpoint's. This wrapper
+    changes only that case (an AwqOrinConfig passed for an "awq" checkpoint); every other call
+    goes to the original method unchanged.
+    """
+    cls = hf_auto.AutoHfQuantizer
+    if getattr(cls.merge_quantization_configs, "_kbit_vllm_wrapped", False):
+        return
+    original = cls.merge_quantization_configs.__func__
+
+    def merge(klass: type, quantization_config: Any, quantization_config_from_args: Any) -> Any:
+        if isinstance(quantization_config_from_args, AwqOrinConfig):
+            qc = quantization_config if isinstance(quantization_config, dict) else quantization_config.to_dict()
+            if qc.get("quant_method") in ("awq", "awq_orin"):
+                return AwqOrinConfig.from_checkpoint_config(qc, quantization_config_from_args)
+        return original(klass, quantization_config, quantization_config_from_args)
+
+    merge._kbit_vllm_wrapped = True  # type: ignore[attr-defined]
+    cls.merge_quantization_configs = classmethod(merge)
+
+
+def register_hf() -> None:
+    """Register kbit and awq_orin with transformers (idempotent; a second import is a no-op)."""
+    for name, config_cls, quantizer_cls in (("kbit", KbitConfig, KbitHfQuantizer),
+                                            ("awq_orin", AwqOrinConfig, AwqOrinHfQuantizer)):
+        if name not in hf_auto.AUTO_QUANTIZATION_CONFIG_MAPPING:
+            hf_auto.register_quantization_config(name)(config_cls)
+        if name not in hf_auto.AUTO_QUANTIZER_MAPPING:
+            hf_auto.register_quantizer(name)(quantizer_cls)
+    _install_awq_override()
+
+
+register_hf()
