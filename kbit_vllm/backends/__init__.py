@@ -17,7 +17,7 @@ _REFERENCE_OPS = (
     "kbit_quantize", "kbit_dequantize", "kbit_repack", "kbit_unrepack", "kbit_linear",
     "kbit_grouped_linear", "awq_dequantize", "awq_repack", "awq_linear",
 )
-_CUDA_KERNEL_OPS = ("kbit_quantize",)
+_CUDA_KERNEL_OPS = ("kbit_quantize", "kbit_dequantize", "kbit_repack", "kbit_unrepack", "kbit_linear")
 
 _registered = False
 _LIB = torch.library.Library("kbit_vllm", "IMPL")

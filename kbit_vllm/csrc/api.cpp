@@ -13,6 +13,20 @@ namespace kbit {
 template <typename T>
 int launch_quantize(const void* w, const float* codebook, int k, int rows, int cols,
                     int32_t* packed, uint8_t* absmax, cudaStream_t stream);
+template <typename T>
+int launch_dequant(const void* packed, const uint8_t* absmax, const float* codebook, int k, int rows, int nb,
+                   void* out, cudaStream_t stream);
+template <typename T>
+int launch_dequant_tiled(const void* packed_t, const uint8_t* absmax_t, const float* codebook, int k, int out_f,
+                         int nb, void* out, cudaStream_t stream);
+int launch_repack(const void* packed, const uint8_t* absmax, int k, int out_f, int nb, void* packed_t,
+                  uint8_t* absmax_t, bool inverse, cudaStream_t stream);
+template <typename T>
+int launch_gemv(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int k, int M,
+                int N, int nb, void* y, int wk, cudaStream_t s);
+template <typename T>
+int launch_mma(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int k, int M,
+               int N, int nb, void* y, int mb, int splits, float* ws, int* counters, cudaStream_t s);
 }
 
 extern "C" {
@@ -32,5 +46,48 @@ const char* kbit_vllm_error_string(int code) {
 KBIT_QUANTIZE_API(fp16, half)
 KBIT_QUANTIZE_API(bf16, __nv_bfloat16)
 KBIT_QUANTIZE_API(fp32, float)
+
+int kbit_vllm_repack(const void* packed, const uint8_t* absmax, int k, int out_f, int nb, void* packed_t,
+                     uint8_t* absmax_t, void* stream) {
+    return kbit::launch_repack(packed, absmax, k, out_f, nb, packed_t, absmax_t, false,
+                               static_cast<cudaStream_t>(stream));
+}
+
+int kbit_vllm_unrepack(const void* packed_t, const uint8_t* absmax_t, int k, int out_f, int nb, void* packed,
+                       uint8_t* absmax, void* stream) {
+    return kbit::launch_repack(packed, absmax, k, out_f, nb, const_cast<void*>(packed_t),
+                               const_cast<uint8_t*>(absmax_t), true, static_cast<cudaStream_t>(stream));
+}
+
+#define KBIT_DEQUANT_API(SUFFIX, T)                                                                       \
+    int kbit_vllm_dequantize_##SUFFIX(const void* packed, const uint8_t* absmax, const float* codebook,   \
+                                      int k, int rows, int nb, void* out, void* stream) {                 \
+        return kbit::launch_dequant<T>(packed, absmax, codebook, k, rows, nb, out,                        \
+                                       static_cast<cudaStream_t>(stream));                                \
+    }
+KBIT_DEQUANT_API(fp16, half)
+KBIT_DEQUANT_API(bf16, __nv_bfloat16)
+KBIT_DEQUANT_API(fp32, float)
+
+#define KBIT_LINEAR_API(SUFFIX, T)                                                                        \
+    int kbit_vllm_dequantize_tiled_##SUFFIX(const void* pt, const uint8_t* at, const float* codebook,     \
+                                            int k, int out_f, int nb, void* out, void* stream) {          \
+        return kbit::launch_dequant_tiled<T>(pt, at, codebook, k, out_f, nb, out,                         \
+                                             static_cast<cudaStream_t>(stream));                          \
+    }                                                                                                     \
+    int kbit_vllm_gemv_##SUFFIX(const void* x, const void* pt, const uint8_t* at, const float* cb,        \
+                                const void* bias, int k, int M, int N, int nb, void* y, int wk,           \
+                                void* stream) {                                                           \
+        return kbit::launch_gemv<T>(x, pt, at, cb, bias, k, M, N, nb, y, wk,                              \
+                                    static_cast<cudaStream_t>(stream));                                   \
+    }                                                                                                     \
+    int kbit_vllm_mma_##SUFFIX(const void* x, const void* pt, const uint8_t* at, const float* cb,         \
+                               const void* bias, int k, int M, int N, int nb, void* y, int mb, int splits, \
+                               float* ws, int* counters, void* stream) {                                  \
+        return kbit::launch_mma<T>(x, pt, at, cb, bias, k, M, N, nb, y, mb, splits, ws, counters,         \
+                                   static_cast<cudaStream_t>(stream));                                    \
+    }
+KBIT_LINEAR_API(fp16, half)
+KBIT_LINEAR_API(bf16, __nv_bfloat16)
 
 }  // extern "C"

@@ -1,7 +1,8 @@
 """CUDA implementations of the kbit_vllm:: ops: argument marshalling into the C API.
 
 Kernels launch on torch's current stream and never allocate: outputs and scratch are torch
-tensors made here. Ops without a kernel yet run the reference PyTorch path on the GPU.
+tensors made here. kbit_linear picks GEMV / MMA / dequantize + cuBLAS by M inside the op
+(dispatch.py); fp32 activations use the reference path.
 """
 
 from __future__ import annotations
@@ -9,20 +10,36 @@ from __future__ import annotations
 import ctypes
 
 import torch
+import torch.nn.functional as F
 
 from ... import op_checks as C
 from ...formats import block_absmax, check_block_absmax
+from .. import reference as ref
+from . import dispatch
 from .library import LIB, check
 
 _QUANT_FN = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+_ACT_FN = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+_SM_COUNT: dict[int, int] = {}
 
 
-def _ptr(t: torch.Tensor) -> ctypes.c_void_p:
-    return ctypes.c_void_p(t.data_ptr())
+def _ptr(t: torch.Tensor | None) -> ctypes.c_void_p:
+    return ctypes.c_void_p(0 if t is None else t.data_ptr())
 
 
 def _stream(device: torch.device) -> ctypes.c_void_p:
     return ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
+
+
+def _i(v: int) -> ctypes.c_int:
+    return ctypes.c_int(int(v))
+
+
+def _sms(device: torch.device) -> int:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
 
 
 def kbit_quantize(weight: torch.Tensor, codebook: torch.Tensor, k: int):
@@ -38,3 +55,143 @@ def kbit_quantize(weight: torch.Tensor, codebook: torch.Tensor, k: int):
             check(fn(_ptr(w), _ptr(codebook.contiguous()), ctypes.c_int(k), ctypes.c_int(out_f),
                      ctypes.c_int(in_f), _ptr(packed), _ptr(absmax), _stream(w.device)), "kbit_quantize")
     return packed, absmax
+
+
+def kbit_dequantize(packed: torch.Tensor, absmax: torch.Tensor, codebook: torch.Tensor, k: int,
+                    dtype: torch.dtype) -> torch.Tensor:
+    C.check_serialized(packed, absmax, k, "kbit_dequantize")
+    C.check_codebook_for(codebook, k, "kbit_dequantize")
+    if dtype not in _QUANT_FN:
+        return ref.kbit_dequantize(packed, absmax, codebook, k, dtype)
+    rows, nb = absmax.shape
+    out = torch.empty((rows, nb * 32), dtype=dtype, device=packed.device)
+    if out.numel():
+        with torch.cuda.device(packed.device):
+            fn = getattr(LIB, f"kbit_vllm_dequantize_{_QUANT_FN[dtype]}")
+            check(fn(_ptr(packed.contiguous()), _ptr(absmax.contiguous()), _ptr(codebook.contiguous()), _i(k),
+                     _i(rows), _i(nb), _ptr(out), _stream(packed.device)), "kbit_dequantize")
+    return out
+
+
+def kbit_repack(packed: torch.Tensor, absmax: torch.Tensor, k: int):
+    C.check_serialized(packed, absmax, k, "kbit_repack")
+    out_f, nb = absmax.shape
+    nt = (out_f + 127) // 128
+    pt = torch.empty((nt, nb, k, 128), dtype=torch.int32, device=packed.device)
+    at = torch.empty((nt, nb, 128), dtype=torch.uint8, device=packed.device)
+    if pt.numel():
+        with torch.cuda.device(packed.device):
+            check(LIB.kbit_vllm_repack(_ptr(packed.contiguous()), _ptr(absmax.contiguous()), _i(k), _i(out_f),
+                                       _i(nb), _ptr(pt), _ptr(at), _stream(packed.device)), "kbit_repack")
+    return pt, at
+
+
+def kbit_unrepack(packed_tiled: torch.Tensor, absmax_tiled: torch.Tensor, k: int, out_features: int):
+    C.check_tiled(packed_tiled, absmax_tiled, k, out_features, "kbit_unrepack")
+    nb = absmax_tiled.shape[1]
+    p = torch.empty((out_features, nb * k), dtype=torch.int32, device=packed_tiled.device)
+    a = torch.empty((out_features, nb), dtype=torch.uint8, device=packed_tiled.device)
+    if p.numel():
+        with torch.cuda.device(packed_tiled.device):
+            check(LIB.kbit_vllm_unrepack(_ptr(packed_tiled.contiguous()), _ptr(absmax_tiled.contiguous()), _i(k),
+                                         _i(out_features), _i(nb), _ptr(p), _ptr(a), _stream(packed_tiled.device)),
+                  "kbit_unrepack")
+    return p, a
+
+
+# --- split-K scratch -----------------------------------------------------------------------
+# Tile counters must be zero on entry; the MMA kernel leaves them zero, so one zeroed buffer per
+# device serves every call (and every captured graph). Buffers are never freed once handed out:
+# a captured graph keeps using the pointer it saw. The fp32 partials need no zeroing.
+_SCRATCH: dict[tuple[int, str], list[torch.Tensor]] = {}
+
+
+def _scratch(device: torch.device, kind: str, numel: int) -> torch.Tensor:
+    key = (device.index if device.index is not None else torch.cuda.current_device(), kind)
+    held = _SCRATCH.setdefault(key, [])
+    if held and held[-1].numel() >= numel:
+        return held[-1]
+    size = max(numel, 2 * held[-1].numel() if held else 0, 1 << 16)
+    if kind == "counters":
+        t = torch.zeros(size, dtype=torch.int32, device=device)
+    else:
+        t = torch.empty(size, dtype=torch.float32, device=device)
+    if not torch.cuda.is_current_stream_capturing():
+        held.append(t)  # memory from a graph's private pool must not outlive that graph's use
+    return t
+
+
+def mma_config(m: int, n: int, nb: int, sms: int) -> tuple[int, int]:
+    """(mb, splits): x rows per CTA / 16, and K splits so the grid covers ~2 waves of SMs."""
+    mb = 1 if m <= 16 else 2 if m <= 32 else 4 if m <= 64 else 8
+    tiles = ((n + 127) // 128) * ((m + 16 * mb - 1) // (16 * mb))
+    stages = (nb + 1) // 2
+    splits = 1
+    if tiles < 2 * sms:
+        splits = min((2 * sms + tiles - 1) // tiles, max(1, stages // 4), 64)
+    return mb, max(1, splits)
+
+
+def gemv_warps(n: int, nb: int, sms: int) -> int:
+    """Warps per CTA along K: enough warps in flight per SM, never more than blocks / 4."""
+    groups = 4 * ((n + 127) // 128)
+    want = (48 * sms + groups - 1) // groups
+    return max(1, min(32, want, (nb + 3) // 4))
+
+
+def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch.Tensor, codebook: torch.Tensor,
+                bias: torch.Tensor | None, k: int, out_features: int, path: str) -> torch.Tensor:
+    """y [M, out] for a contiguous 2-D fp16/bf16 x through one named kernel path.
+
+    Public so tests and benchmarks can exercise every path; kbit_linear picks the path itself.
+    """
+    m, in_f = x2.shape
+    nb = in_f // 32
+    dev = x2.device
+    sfx = _ACT_FN[x2.dtype]
+    stream = _stream(dev)
+    if path == "dequant":
+        w = torch.empty((out_features, in_f), dtype=x2.dtype, device=dev)
+        check(getattr(LIB, f"kbit_vllm_dequantize_tiled_{sfx}")(
+            _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _i(k), _i(out_features), _i(nb), _ptr(w),
+            stream), "kbit_linear (dequantize)")
+        return F.linear(x2, w, bias)
+    y = torch.empty((m, out_features), dtype=x2.dtype, device=dev)
+    if m == 0:
+        return y
+    if path == "gemv":
+        if m > dispatch.GEMV_MAX_M:
+            raise ValueError(f"kbit_linear gemv path takes M <= {dispatch.GEMV_MAX_M}, got {m}")
+        wk = gemv_warps(out_features, nb, _sms(dev))
+        check(getattr(LIB, f"kbit_vllm_gemv_{sfx}")(
+            _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(bias), _i(k), _i(m),
+            _i(out_features), _i(nb), _ptr(y), _i(wk), stream), "kbit_linear (gemv)")
+        return y
+    if path != "mma":
+        raise ValueError(f"unknown kbit_linear path {path!r}")
+    mb, splits = mma_config(m, out_features, nb, _sms(dev))
+    ws = ctr = None
+    if splits > 1:
+        ws = _scratch(dev, "partials", splits * m * out_features)
+        ctr = _scratch(dev, "counters", ((out_features + 127) // 128) * ((m + 16 * mb - 1) // (16 * mb)))
+    check(getattr(LIB, f"kbit_vllm_mma_{sfx}")(
+        _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(bias), _i(k), _i(m),
+        _i(out_features), _i(nb), _ptr(y), _i(mb), _i(splits), _ptr(ws), _ptr(ctr), stream), "kbit_linear (mma)")
+    return y
+
+
+def kbit_linear(x: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch.Tensor, codebook: torch.Tensor,
+                bias: torch.Tensor | None, k: int, out_features: int) -> torch.Tensor:
+    C.check_kbit_linear(x, packed_tiled, absmax_tiled, codebook, bias, k, out_features)
+    if x.dtype not in _ACT_FN:
+        return ref.kbit_linear(x, packed_tiled, absmax_tiled, codebook, bias, k, out_features)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if not x2.is_contiguous() or x2.data_ptr() % 16:
+        x2 = x2.contiguous() if not x2.is_contiguous() else x2.clone()
+    dev = x.device
+    path = dispatch.choose_path(x2.shape[0], torch.cuda.get_device_capability(dev))
+    with torch.cuda.device(dev):
+        y = linear_path(x2, packed_tiled.contiguous(), absmax_tiled.contiguous(), codebook.contiguous(),
+                        None if bias is None else bias.contiguous(), k, out_features, path)
+    return y.reshape(*lead, out_features)

@@ -1,0 +1,70 @@
+// The tiled kbit layout (formats/kbit_layout.py) and its cheap decode, shared by every kernel
+// that reads packed_tiled [n_tiles, nb, k, 128] / absmax_tiled [n_tiles, nb, 128].
+//
+// Element e of a block is (group g, field n): g = (e >> 1) & 3, n = (e & 1) | (e >> 3) << 1.
+// Tiled plane b keeps element (g, n) at bit (4n + g + b) mod 32. Group g's code nibbles are
+// gathered from planes 0..3 with bit-selects (group_word), and field n's code is the low bits
+// of rotr(word, 4n + g). The codebook lives in lane registers (lane l holds
+// codebook[l mod 2^k]) and is read with __shfl_sync, which only looks at the low 5 index bits,
+// so no masking is needed: bits above k are either zero or are ignored by the modulo.
+#pragma once
+#include "common.cuh"
+
+namespace kbit {
+
+constexpr int kTileN = 128;
+
+__host__ __device__ constexpr int elem_group(int e) { return (e >> 1) & 3; }
+__host__ __device__ constexpr int elem_field(int e) { return (e & 1) | ((e >> 3) << 1); }
+__host__ __device__ constexpr int elem_of(int g, int n) { return 2 * g + (n & 1) + 8 * (n >> 1); }
+__host__ __device__ constexpr int tiled_bit_pos(int e, int b) {
+    return (4 * elem_field(e) + elem_group(e) + b) & 31;
+}
+
+__device__ __forceinline__ uint32_t rotr32(uint32_t x, int s) { return __funnelshift_r(x, x, s); }
+
+// Lane register of the shuffle codebook.
+template <int K>
+__device__ __forceinline__ float lane_codebook(const float* codebook, int lane) {
+    return codebook[lane & ((1 << K) - 1)];
+}
+
+// Bits of planes 0..min(K,4)-1 belonging to group g (positions = g + b mod 4), one word.
+template <int K>
+__device__ __forceinline__ uint32_t group_word(const uint32_t* p, int g) {
+    uint32_t x = 0;
+#pragma unroll
+    for (int b = 0; b < (K < 4 ? K : 4); ++b) x |= p[b] & (0x11111111u << ((b + g) & 3));
+    return x;
+}
+
+// Codebook index of field n given xr = rotr(group_word, g) and zr = rotr(plane4, g) (k=5 only).
+template <int K>
+__device__ __forceinline__ uint32_t field_index(uint32_t xr, uint32_t zr, int n) {
+    if constexpr (K == 5) {
+        const uint32_t a = n ? rotr32(xr, 4 * n) : xr;
+        const uint32_t c = n ? rotr32(zr, 4 * n) : zr;
+        return (a & 0xFu) | (c & 0x10u);
+    } else {
+        return n ? (xr >> (4 * n)) : xr;  // bits >= 5 are ignored by the shuffle
+    }
+}
+
+// Decode the 8 codebook values (unscaled) of group g from the k plane words.
+template <int K>
+__device__ __forceinline__ void decode_group(const uint32_t* p, int g, float cbl, float (&v)[8]) {
+    const uint32_t xr = rotr32(group_word<K>(p, g), g);
+    const uint32_t zr = K == 5 ? rotr32(p[K == 5 ? 4 : 0], g) : 0u;
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+        v[n] = __shfl_sync(0xffffffffu, cbl, static_cast<int>(field_index<K>(xr, zr, n)));
+}
+
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ half from_float<half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+    return __float2bfloat16_rn(v);
+}
+
+}  // namespace kbit

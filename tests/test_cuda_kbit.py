@@ -1,0 +1,164 @@
+"""CUDA kbit kernels against the PyTorch reference (formats/ + backends/reference.py).
+
+Fresh random inputs every run; outputs of kernels writing into given buffers are poisoned
+with NaN first. Skips cleanly without a CUDA GPU or a library built for it.
+
+Error bound for kbit_linear: the kernels and the reference use the same dequantized weights
+(the codebook value times the E4M4 scale in fp32, rounded to the activation dtype in the MMA
+path); the remaining difference is fp32 accumulation order plus one rounding of the output to
+fp16 (2^-11 relative) or bf16 (2^-8), and, in the MMA path, the weight rounding to 16 bits.
+Relative to max |y| that is far under 1e-2 (fp16) and 2e-2 (bf16).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kbit_vllm import ops
+from kbit_vllm.backends import reference as ref
+from kbit_vllm.backends.cuda import library
+from kbit_vllm.formats import dequantize_kbit, from_tiled, normal_float_codebook, quantize_kbit, to_tiled
+
+
+def _cuda_ok() -> tuple[bool, str]:
+    if not torch.cuda.is_available():
+        return False, "no CUDA GPU"
+    return library.device_supported(torch.cuda.current_device())
+
+
+_OK, _WHY = _cuda_ok()
+pytestmark = pytest.mark.skipif(not _OK, reason=f"CUDA kbit kernels unavailable: {_WHY}")
+
+if _OK:
+    from kbit_vllm.backends.cuda import ops as cuda_ops
+
+DEV = "cuda"
+KS = (2, 3, 4, 5)
+DTYPES = (torch.float16, torch.bfloat16)
+TOL = {torch.float16: 1e-2, torch.bfloat16: 2e-2}
+MS = (1, 2, 3, 4, 5, 8, 15, 16, 17, 32, 33, 64, 100, 256, 1000)
+SHAPES = ((96, 200), (160, 1000), (256, 128), (4096, 300))  # (in, out)
+
+
+def _weights(out_f: int, in_f: int, k: int):
+    w = torch.randn(out_f, in_f, device=DEV) * torch.rand(out_f, 1, device=DEV)
+    cb = normal_float_codebook(k).to(DEV)
+    packed, absmax = quantize_kbit(w, cb, k)
+    return packed, absmax, cb
+
+
+@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16, torch.float32))
+def test_quantize_bit_exact(k, dtype):
+    w = (torch.randn(300, 160, device=DEV) * 3).to(dtype)
+    cb = normal_float_codebook(k).to(DEV)
+    p, a = ops.kbit_quantize(w, cb, k)
+    p_ref, a_ref = quantize_kbit(w, cb, k)
+    assert torch.equal(p, p_ref) and torch.equal(a, a_ref)
+
+
+@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16, torch.float32))
+def test_dequantize_bit_exact(k, dtype):
+    packed, absmax, cb = _weights(200, 160, k)
+    got = ops.kbit_dequantize(packed, absmax, cb, k, dtype)
+    want = dequantize_kbit(packed, absmax, cb, k, dtype)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("out_f", (1000, 200, 128, 1))
+def test_repack_unrepack_exact(k, out_f):
+    packed, absmax, _ = _weights(out_f, 96, k)
+    pt, at = ops.kbit_repack(packed, absmax, k)
+    pt_ref, at_ref = to_tiled(packed, absmax, k)
+    assert torch.equal(pt, pt_ref) and torch.equal(at, at_ref)
+    p2, a2 = ops.kbit_unrepack(pt, at, k, out_f)
+    assert torch.equal(p2, packed) and torch.equal(a2, absmax)
+    p3, a3 = from_tiled(pt, at, k, out_f)
+    assert torch.equal(p3, packed) and torch.equal(a3, absmax)
+
+
+@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dequantize_tiled_bit_exact(k, dtype):
+    packed, absmax, cb = _weights(1000, 160, k)
+    pt, at = to_tiled(packed, absmax, k)
+    x = torch.randn(300, 160, device=DEV, dtype=dtype)
+    # The dequant path's weight equals the reference weight bit for bit, so F.linear matches.
+    got = cuda_ops.linear_path(x, pt, at, cb, None, k, 1000, "dequant")
+    want = torch.nn.functional.linear(x, ref.dequantize_tiled(pt, at, cb, k, 1000, dtype))
+    assert torch.equal(got, want)
+
+
+def _check_linear(y: torch.Tensor, x: torch.Tensor, w64: torch.Tensor, bias, dtype) -> None:
+    want = x.double() @ w64.t()
+    if bias is not None:
+        want = want + bias.double()
+    assert y.shape == want.shape and y.dtype == dtype
+    assert not torch.isnan(y).any(), "unwritten (NaN) outputs"
+    err = (y.double() - want).abs().max() / want.abs().max().clamp_min(1e-6)
+    assert err < TOL[dtype], f"max-norm relative error {err:.3g}"
+
+
+@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("in_f,out_f", SHAPES)
+def test_linear_all_paths(k, dtype, in_f, out_f):
+    packed, absmax, cb = _weights(out_f, in_f, k)
+    pt, at = ops.kbit_repack(packed, absmax, k)
+    w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64)
+    bias = torch.randn(out_f, device=DEV, dtype=dtype)
+    for m in MS:
+        x = torch.randn(m, in_f, device=DEV, dtype=dtype)
+        paths = (["gemv"] if m <= 4 else []) + (["mma"] if m <= 256 else []) + ["dequant"]
+        for path in paths:
+            b = bias if m % 2 else None
+            y = cuda_ops.linear_path(x, pt, at, cb, b, k, out_f, path)
+            _check_linear(y, x, w64, b, dtype)
+        y = ops.kbit_linear(x, pt, at, cb, bias, k, out_f)  # the op's own dispatch
+        _check_linear(y, x, w64, bias, dtype)
+
+
+def test_linear_leading_dims_and_fp32():
+    k, in_f, out_f = 4, 160, 200
+    packed, absmax, cb = _weights(out_f, in_f, k)
+    pt, at = ops.kbit_repack(packed, absmax, k)
+    w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64)
+    for shape in ((2, 3, in_f), (1, 1, in_f), (5, 7, in_f)):
+        x = torch.randn(*shape, device=DEV, dtype=torch.float16)
+        y = ops.kbit_linear(x, pt, at, cb, None, k, out_f)
+        assert y.shape == (*shape[:-1], out_f)
+        _check_linear(y.reshape(-1, out_f), x.reshape(-1, in_f), w64, None, torch.float16)
+    x = torch.randn(3, in_f, device=DEV)
+    y = ops.kbit_linear(x, pt, at, cb, None, k, out_f)
+    assert torch.allclose(y.double(), x.double() @ w64.t(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("m", (1, 4, 16, 64, 300))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_graph_replay_equals_eager(m, dtype):
+    k, in_f, out_f = 4, 2048, 1000  # split-K active for the MMA path
+    packed, absmax, cb = _weights(out_f, in_f, k)
+    pt, at = ops.kbit_repack(packed, absmax, k)
+    bias = torch.randn(out_f, device=DEV, dtype=dtype)
+    x = torch.randn(m, in_f, device=DEV, dtype=dtype)
+    eager = ops.kbit_linear(x, pt, at, cb, bias, k, out_f)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            ops.kbit_linear(x, pt, at, cb, bias, k, out_f)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = ops.kbit_linear(x, pt, at, cb, bias, k, out_f)
+    for _ in range(3):
+        y.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, eager)
+    x.copy_(torch.randn_like(x))  # the graph reads the new input
+    g.replay()
+    assert torch.equal(y, ops.kbit_linear(x, pt, at, cb, bias, k, out_f))
