@@ -6,9 +6,11 @@ implementations, so torch.compile reports bad shapes at trace time.
 
 Resident (kernel) layouts:
   kbit: see formats/kbit_layout.py (tiled, TILE_N rows per tile).
-  awq : wq is device-specific (CPU: PyTorch int4pack uint8 [out, in/2] when the shape allows,
-        else the AWQ qweight int32 [in, out/8] unchanged); sz is [in/group_size, out, 2]
-        holding (scale, offset) with w = (q - 8) * scale + offset, in the activation dtype.
+  awq : device-specific, always sz [in/group_size, out, 2] in the activation dtype.
+        CPU: wq = PyTorch int4pack uint8 [out, in/2] when the shape allows, else the AWQ qweight
+        int32 [in, out/8] unchanged; sz holds (scale, offset), w = (q - 8) * scale + offset.
+        CUDA: wq = qweight^T int32 [out/8, in]; sz holds (s_2p, s_2p+1, b_2p, b_2p+1) per
+        output pair, w = q * s + b (backends/cuda/awq_ops.py, csrc/awq_common.cuh).
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 CPU: the PyTorch reference, with PyTorch's fused int4 matmul for AWQ. CUDA: the compiled
 library's kernels where they exist and the library serves this GPU; the reference otherwise.
+awq_orin keeps its own CUDA resident layout (cuda/awq_ops.py) on every GPU, so its CUDA ops
+always go through awq_ops, which falls back to PyTorch math on that layout.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import torch
 
 from . import reference as ref
 from .cpu import int4pack
-from .cuda import library
+from .cuda import awq_ops, library
 from .cuda import ops as cuda_ops
 
 _REFERENCE_OPS = (
@@ -18,6 +20,7 @@ _REFERENCE_OPS = (
     "kbit_grouped_linear", "awq_dequantize", "awq_repack", "awq_linear",
 )
 _CUDA_KERNEL_OPS = ("kbit_quantize", "kbit_dequantize", "kbit_repack", "kbit_unrepack", "kbit_linear")
+_CUDA_AWQ_OPS = ("awq_repack", "awq_linear")
 
 _registered = False
 _LIB = torch.library.Library("kbit_vllm", "IMPL")
@@ -28,6 +31,8 @@ def awq_resident_shape(device: torch.device, in_features: int, out_features: int
     """Shape and dtype of awq_repack's wq on this device (see ops.py)."""
     if device.type == "cpu":
         return int4pack.resident_shape(in_features, out_features, group_size)
+    if device.type == "cuda":
+        return (out_features // 8, in_features), torch.int32
     return (in_features, out_features // 8), torch.int32
 
 
@@ -52,6 +57,11 @@ def register() -> None:
     for name in _REFERENCE_OPS:
         cpu_impl = getattr(int4pack, name, None) if name.startswith("awq_") else None
         _LIB.impl(name, cpu_impl or getattr(ref, name), "CPU")
-        use_kernel = name in _CUDA_KERNEL_OPS and library.LIB is not None
-        _LIB.impl(name, _cuda_dispatch(name) if use_kernel else getattr(ref, name), "CUDA")
+        if name in _CUDA_AWQ_OPS:
+            cuda_impl = getattr(awq_ops, name)
+        elif name in _CUDA_KERNEL_OPS and library.LIB is not None:
+            cuda_impl = _cuda_dispatch(name)
+        else:
+            cuda_impl = getattr(ref, name)
+        _LIB.impl(name, cuda_impl, "CUDA")
     _registered = True

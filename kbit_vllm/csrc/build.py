@@ -38,7 +38,7 @@ def build(out_dir: Path = LIB_DIR, archs_spec: str | None = None, verbose: bool 
     if nvcc is None:
         raise FileNotFoundError("nvcc not found (set NVCC or CUDA_HOME)")
     archs = parse_archs(archs_spec or os.environ.get("KBIT_CUDA_ARCHS", DEFAULT_ARCHS))
-    sources = sorted(CSRC.glob("*.cu")) + [CSRC / "api.cpp"]
+    sources = sorted(CSRC.glob("*.cu")) + sorted(CSRC.glob("api*.cpp"))
     gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / "libkbit_vllm.so"

@@ -1,0 +1,101 @@
+"""awq_orin kernels vs cuBLAS fp16 and torch int4 tinygemm, timed as DESIGN.md says.
+
+Same method as bench_kbit.py (whose timing helpers it uses): CUDA-graph replay over >= 256 MB
+of rotated weight copies, median per call. Floor = (int4 weights + fp16 scales + int4 zeros,
+the AWQ checkpoint's bytes, + x + y) / measured HBM bandwidth.
+
+Usage (GPU machine, repo root): python benchmarks/bench_awq.py [--json PATH] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_kbit import LLAMA, MS, SEED_DENSE, fmt, hbm_bandwidth, make_tinygemm, n_copies, time_graph  # noqa: E402
+
+from kbit_vllm import ops  # noqa: E402
+from kbit_vllm.backends.cuda import awq_ops  # noqa: E402
+from kbit_vllm.formats import quantize_awq_rtn  # noqa: E402
+
+GROUP = 128
+
+
+def bench_shape(name: str, in_f: int, out_f: int, ms: list[int], bw: float, cap: int) -> list[dict]:
+    dt = torch.float16
+    w = torch.randn(out_f, in_f, device="cuda", dtype=dt) * 0.05
+    qw, qz, s = quantize_awq_rtn(w, GROUP)
+    wq, sz = ops.awq_repack(qw, qz, s, GROUP, dt)
+    ckpt_bytes = qw.numel() * 4 + qz.numel() * 4 + s.numel() * 2
+    copies = [(wq.clone(), sz.clone()) for _ in range(n_copies(wq.numel() * 4 + sz.numel() * 2, cap))]
+    w16 = [w.clone() for _ in range(n_copies(w.numel() * 2, cap))]
+    tiny = make_tinygemm(w, len(w16)) if (name, in_f, out_f) in LLAMA else None
+    rows = []
+    for m in ms:
+        x = torch.randn(m, in_f, device="cuda", dtype=dt)
+        r: dict = {"shape": name, "in": in_f, "out": out_f, "M": m}
+        for path in (["gemv"] if m <= 8 else []) + ["mma", "dequant"]:
+            try:
+                r[path] = time_graph([
+                    (lambda c=c, p=path, x=x: awq_ops.linear_path(x, c[0], c[1], None, GROUP, out_f, p))
+                    for c in copies])
+            except Exception as e:  # report, keep going
+                print(f"# {name} M={m} {path} failed: {e}", file=sys.stderr)
+        r["op"] = time_graph([(lambda c=c, x=x: ops.awq_linear(x, c[0], c[1], None, GROUP, out_f)) for c in copies])
+        r["cublas_fp16"] = time_graph([(lambda wc=wc, x=x: F.linear(x, wc)) for wc in w16])
+        if tiny is not None and m in (1, 8, 16):
+            xb = x.to(torch.bfloat16)
+            r["tinygemm_int4"] = time_graph([(lambda q=q, xb=xb: torch._weight_int4pack_mm(xb, q[0], 128, q[1]))
+                                             for q in tiny])
+        r["floor"] = (ckpt_bytes + 2 * m * (in_f + out_f)) / bw * 1e6
+        rows.append(r)
+    del copies, w16, tiny
+    torch.cuda.empty_cache()
+    return rows
+
+
+def print_tables(rows: list[dict]) -> None:
+    for m in sorted({r["M"] for r in rows}):
+        print(f"\n### awq_orin, M = {m} (µs per call, group {GROUP}, fp16)\n")
+        print("| shape (in x out) | gemv | mma | dequant+cuBLAS | op | cuBLAS fp16 | tinygemm int4 | best | vs fp16 "
+              "| vs tinygemm | floor | best/floor |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for r in (r for r in rows if r["M"] == m):
+            best = min(r[p] for p in ("gemv", "mma", "dequant") if p in r)
+            tg = r.get("tinygemm_int4")
+            print(f"| {r['shape']} {r['in']}x{r['out']} | {fmt(r.get('gemv'))} | {fmt(r.get('mma'))} | "
+                  f"{fmt(r.get('dequant'))} | {fmt(r['op'])} | {fmt(r['cublas_fp16'])} | {fmt(tg)} | {best:.1f} | "
+                  f"{r['cublas_fp16'] / best:.2f}x | {'-' if tg is None else f'{tg / best:.2f}x'} | "
+                  f"{r['floor']:.1f} | {best / r['floor']:.2f} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", default="bench_awq.json")
+    ap.add_argument("--quick", action="store_true", help="fewer weight copies")
+    ap.add_argument("--ms", default=None)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    bw = hbm_bandwidth()
+    dev = torch.cuda.get_device_name()
+    print(f"# {dev}, HBM copy bandwidth {bw / 1e12:.2f} TB/s, torch {torch.__version__}")
+    ms = [int(v) for v in args.ms.split(",")] if args.ms else MS
+    rows: list[dict] = []
+    t0 = time.time()
+    for name, in_f, out_f in SEED_DENSE + LLAMA:
+        rows += bench_shape(name, in_f, out_f, ms, bw, 64 if args.quick else 400)
+        print(f"# {name} done at {time.time() - t0:.0f}s", flush=True)
+    print_tables(rows)
+    with open(args.json, "w") as f:
+        json.dump({"device": dev, "hbm_bytes_per_s": bw, "group": GROUP, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""CUDA implementations of the awq_orin ops (awq_repack, awq_linear).
+
+Resident CUDA layout (see csrc/awq_common.cuh): wq = qweight^T, int32 [out/8, in], AWQ nibble
+order kept (it is already the LOP3 pair order); sz [in/group, out, 2] in the activation dtype,
+per output pair (s_2p, s_2p+1, b_2p, b_2p+1) with w = q * s + b. Every CUDA tensor uses this
+layout. Dispatch by M (rows after flattening) from DISPATCH: the GEMV / small-batch kernel, the
+tensor-core MMA kernel (split-K into a torch-allocated fp32 workspace), or dequantize into a
+torch buffer + cuBLAS through torch. fp32 activations, or a GPU the library does not serve,
+use the same layout through PyTorch math.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+import torch.nn.functional as F
+
+from ... import op_checks as C
+from ...formats import awq as awq_fmt
+from .library import LIB, check, device_supported
+
+# (largest M for the GEMV kernel, largest M for the MMA kernel) per compute capability, from
+# benchmarks/bench_awq.py on the H200 (benchmarks/RESULTS.md); other archs use the sm_90 row.
+DISPATCH = {90: (8, 256)}
+_SUFFIX = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def _ptr(t: torch.Tensor | None) -> ctypes.c_void_p:
+    return ctypes.c_void_p(t.data_ptr() if t is not None else 0)
+
+
+def _kernel_ok(t: torch.Tensor, dtype: torch.dtype) -> bool:
+    return LIB is not None and dtype in _SUFFIX and device_supported(t.device.index or 0)[0]
+
+
+def awq_repack(qweight, qzeros, scales, group_size, dtype):
+    C.check_awq(qweight, qzeros, scales, group_size, "awq_repack")
+    groups, out_f = scales.shape
+    s = scales.to(torch.float32)
+    b = -s * awq_fmt.unpack_awq(qzeros).to(torch.float32)
+    sz = torch.cat([s.view(groups, out_f // 2, 2), b.view(groups, out_f // 2, 2)], dim=-1)
+    return qweight.t().contiguous(), sz.reshape(groups, out_f, 2).to(dtype).contiguous()
+
+
+def _dense(wq: torch.Tensor, sz: torch.Tensor, group_size: int, out_f: int, dtype: torch.dtype) -> torch.Tensor:
+    """PyTorch dequantization of the CUDA layout -> W [out, in] (fallback path)."""
+    groups = sz.shape[0]
+    q = awq_fmt.unpack_awq(wq.t()).to(torch.float32)  # [in, out]
+    pairs = sz.reshape(groups, out_f // 2, 2, 2).to(torch.float32)
+    s = pairs[:, :, 0, :].reshape(groups, out_f).repeat_interleave(group_size, dim=0)
+    b = pairs[:, :, 1, :].reshape(groups, out_f).repeat_interleave(group_size, dim=0)
+    return (q * s + b).t().to(dtype)
+
+
+def choose_path(m: int, capability: tuple[int, int]) -> str:
+    """'gemv', 'mma' or 'dequant' for an activation with m rows."""
+    gemv_max, mma_max = DISPATCH.get(capability[0] * 10 + capability[1], DISPATCH[90])
+    if 0 < m <= gemv_max:
+        return "gemv"
+    return "mma" if 0 < m <= mma_max else "dequant"
+
+
+def linear_path(x2: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, bias: torch.Tensor | None,
+                group_size: int, out_features: int, path: str) -> torch.Tensor:
+    """y [m, out] = x2 [m, in] @ W^T + bias through one named kernel path (benchmarks call it too)."""
+    m, in_f = x2.shape
+    suffix = _SUFFIX[x2.dtype]
+    stream = ctypes.c_void_p(torch.cuda.current_stream(x2.device).cuda_stream)
+    dims = (ctypes.c_int(in_f), ctypes.c_int(out_features), ctypes.c_int(group_size), stream)
+    with torch.cuda.device(x2.device):
+        if path == "dequant":
+            w = torch.empty((out_features, in_f), dtype=x2.dtype, device=x2.device)
+            check(getattr(LIB, f"kbit_vllm_awq_dequant_{suffix}")(_ptr(wq), _ptr(sz), _ptr(w), *dims), "awq_dequant")
+            return F.linear(x2, w, bias)
+        y = torch.empty((m, out_features), dtype=x2.dtype, device=x2.device)
+        if path == "gemv":
+            check(getattr(LIB, f"kbit_vllm_awq_gemv_{suffix}")(
+                _ptr(x2), _ptr(wq), _ptr(sz), _ptr(bias), _ptr(y), ctypes.c_int(m), *dims), "awq_gemv")
+        else:
+            splits = int(LIB.kbit_vllm_awq_mma_splits(ctypes.c_int(m), ctypes.c_int(in_f), ctypes.c_int(out_features)))
+            ws = torch.empty((splits * m * out_features if splits > 1 else 0,), dtype=torch.float32, device=x2.device)
+            check(getattr(LIB, f"kbit_vllm_awq_mma_{suffix}")(
+                _ptr(x2), _ptr(wq), _ptr(sz), _ptr(bias), _ptr(y), _ptr(ws if splits > 1 else None),
+                ctypes.c_int(splits), ctypes.c_int(m), *dims), "awq_mma")
+        return y
+
+
+def awq_linear(x, wq, sz, bias, group_size, out_features):
+    C.check_awq_linear(x, wq, sz, bias, group_size, out_features)
+    in_f = sz.shape[0] * group_size
+    C.require(wq.dtype == torch.int32 and tuple(wq.shape) == (out_features // 8, in_f), "awq_linear",
+              f"CUDA wq must be int32 [{out_features // 8}, {in_f}] (from awq_repack), got "
+              f"{wq.dtype} {list(wq.shape)}")
+    if not _kernel_ok(x, x.dtype):
+        return F.linear(x, _dense(wq, sz, group_size, out_features, x.dtype), bias)
+    x2 = x.reshape(-1, in_f)
+    if x2.data_ptr() % 16 or not x2.is_contiguous():
+        x2 = x2.contiguous().clone()
+    path = choose_path(x2.shape[0], torch.cuda.get_device_capability(x.device))
+    y = linear_path(x2, wq, sz, bias.contiguous() if bias is not None else None, group_size, out_features, path)
+    return y.reshape(*x.shape[:-1], out_features)

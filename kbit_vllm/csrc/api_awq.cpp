@@ -1,0 +1,42 @@
+// C API of the awq_orin kernels (loaded by backends/cuda/awq_ops.py through ctypes).
+// Every function returns 0 on success or a cudaError_t value.
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+namespace awq {
+template <typename T>
+int gemv(const void* x, const int32_t* wq, const void* sz, const void* bias, void* y, int m, int in,
+         int out, int group, cudaStream_t stream);
+template <typename T>
+int mma(const void* x, const int32_t* wq, const void* sz, const void* bias, void* y, float* workspace,
+        int splits, int m, int in, int out, int group, cudaStream_t stream);
+int mma_splits(int m, int in, int out);
+template <typename T>
+int dequant(const int32_t* wq, const void* sz, void* w_out, int in, int out, int group, cudaStream_t stream);
+}
+
+extern "C" {
+
+#define KBIT_AWQ_API(SUFFIX, T)                                                                        \
+    int kbit_vllm_awq_gemv_##SUFFIX(const void* x, const int32_t* wq, const void* sz, const void* bias, \
+                                    void* y, int m, int in, int out, int group, void* stream) {         \
+        return awq::gemv<T>(x, wq, sz, bias, y, m, in, out, group, static_cast<cudaStream_t>(stream));  \
+    }                                                                                                   \
+    int kbit_vllm_awq_mma_##SUFFIX(const void* x, const int32_t* wq, const void* sz, const void* bias,  \
+                                   void* y, float* workspace, int splits, int m, int in, int out,       \
+                                   int group, void* stream) {                                           \
+        return awq::mma<T>(x, wq, sz, bias, y, workspace, splits, m, in, out, group,                    \
+                           static_cast<cudaStream_t>(stream));                                          \
+    }                                                                                                   \
+    int kbit_vllm_awq_dequant_##SUFFIX(const int32_t* wq, const void* sz, void* w_out, int in, int out, \
+                                       int group, void* stream) {                                       \
+        return awq::dequant<T>(wq, sz, w_out, in, out, group, static_cast<cudaStream_t>(stream));       \
+    }
+int kbit_vllm_awq_mma_splits(int m, int in, int out) { return awq::mma_splits(m, in, out); }
+
+KBIT_AWQ_API(fp16, half)
+KBIT_AWQ_API(bf16, __nv_bfloat16)
+
+}  // extern "C"

@@ -1,0 +1,71 @@
+// awq_orin device helpers: LOP3 int4 -> fp16x2 / bf16x2 dequantization (seed 000 §3.4).
+//
+// Resident CUDA layout (built by backends/cuda/awq_ops.py at load):
+//   wq [out/8, in] int32: word (c, k) holds outputs 8c..8c+7 of input k in AWQ nibble order
+//      (slot s <-> output AWQ_ORDER[s] = 0,2,4,6,1,3,5,7), so (w >> 4j) & 0x000f000f puts
+//      outputs 2j (low half) and 2j+1 (high half) side by side: one LOP3 yields a pair.
+//   sz [in/group, out, 2] in the activation dtype, per output pair p = (2p, 2p+1) the four values
+//      (s_2p, s_2p+1, b_2p, b_2p+1) with w = q * s + b (b = -scale * zero): one 8-byte load per
+//      pair gives the scale pair and the bias pair ready for hfma2.
+// A thread's 16-byte load covers 4 consecutive inputs of 8 outputs.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+namespace awq {
+
+template <typename T> struct Vec2;
+template <> struct Vec2<half> { using type = half2; };
+template <> struct Vec2<__nv_bfloat16> { using type = __nv_bfloat162; };
+
+__device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t mask, uint32_t magic) {
+    uint32_t r;
+    // (a & b) | c  ->  truth table 0xea
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(r) : "r"(a), "r"(mask), "r"(magic));
+    return r;
+}
+
+// The 4 pairs (outputs 2j, 2j+1) of one AWQ word as exact integer values 0..15.
+template <typename T> __device__ __forceinline__ void unpack_pairs(uint32_t w, typename Vec2<T>::type (&q)[4]);
+
+// fp16: magic 0x6400 = 1024.0. Pairs 0 and 2 sit in the low nibble of each half
+// ((1024 + q) - 1024); pairs 1 and 3 in bits 4..7 ((1024 + 16q) / 16 - 64, one hfma2).
+template <> __device__ __forceinline__ void unpack_pairs<half>(uint32_t w, half2 (&q)[4]) {
+    const uint32_t lo = lop3_and_or(w, 0x000f000fu, 0x64006400u);
+    const uint32_t hi = lop3_and_or(w, 0x00f000f0u, 0x64006400u);
+    const uint32_t w8 = w >> 8;
+    const uint32_t lo8 = lop3_and_or(w8, 0x000f000fu, 0x64006400u);
+    const uint32_t hi8 = lop3_and_or(w8, 0x00f000f0u, 0x64006400u);
+    const half2 k1024 = __half2half2(__ushort_as_half(0x6400));
+    const half2 k16th = __half2half2(__ushort_as_half(0x2c00));   // 1/16
+    const half2 km64 = __half2half2(__ushort_as_half(0xd400));    // -64
+    q[0] = __hsub2(*reinterpret_cast<const half2*>(&lo), k1024);
+    q[1] = __hfma2(*reinterpret_cast<const half2*>(&hi), k16th, km64);
+    q[2] = __hsub2(*reinterpret_cast<const half2*>(&lo8), k1024);
+    q[3] = __hfma2(*reinterpret_cast<const half2*>(&hi8), k16th, km64);
+}
+
+// bf16: 7 mantissa bits leave no room for the fp16 top-nibble trick, so each pair is shifted
+// down and embedded in magic 0x4300 = 128.0: (128 + q) - 128.
+template <> __device__ __forceinline__ void unpack_pairs<__nv_bfloat16>(uint32_t w, __nv_bfloat162 (&q)[4]) {
+    const __nv_bfloat162 k128 = __bfloat162bfloat162(__ushort_as_bfloat16(0x4300));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const uint32_t r = lop3_and_or(w >> (4 * j), 0x000f000fu, 0x43004300u);
+        q[j] = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&r), k128);
+    }
+}
+
+template <typename T> __device__ __forceinline__ float2 to_float2(typename Vec2<T>::type v);
+template <> __device__ __forceinline__ float2 to_float2<half>(half2 v) { return __half22float2(v); }
+template <> __device__ __forceinline__ float2 to_float2<__nv_bfloat16>(__nv_bfloat162 v) { return __bfloat1622float2(v); }
+
+template <typename T> __device__ __forceinline__ float to_f(T v);
+template <> __device__ __forceinline__ float to_f<half>(half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ half from_f<half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+}  // namespace awq

@@ -1,0 +1,139 @@
+// awq_orin GEMV / small batch (M = 1..8): each warp streams one 8-output column group of the
+// resident wq over a slice of K with 16-byte loads, dequantizes each word once (LOP3 + one
+// hfma2 per pair) and FMAs it into all M rows; lanes and warps then reduce.
+#include "awq_common.cuh"
+
+namespace awq {
+
+constexpr int kWarps = 8;
+
+__device__ __forceinline__ int4 load_stream(const int4* p) {
+    int4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+template <typename T, int M>
+__global__ void __launch_bounds__(kWarps * 32)
+gemv_kernel(const T* __restrict__ x, const int4* __restrict__ wq, const T* __restrict__ sz,
+            const T* __restrict__ bias, T* __restrict__ y, int in, int out, int group, int wpo) {
+    using T2 = typename Vec2<T>::type;
+    __shared__ float red[kWarps][M * 8];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int c = blockIdx.x * (kWarps / wpo) + warp / wpo;  // column group: outputs 8c..8c+7
+    const int wi = warp % wpo;
+    const bool valid = c < out / 8;
+    float acc[M][8];
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int o = 0; o < 8; ++o) acc[m][o] = 0.f;
+
+    if (valid) {
+        const int quads = in / 4;
+        const int4* wrow = wq + static_cast<size_t>(c) * quads;
+#pragma unroll 2
+        for (int kq = wi * 32 + lane; kq < quads; kq += wpo * 32) {
+            const int4 wv = load_stream(wrow + kq);
+            const int k0 = kq * 4;
+            const int4* szp = reinterpret_cast<const int4*>(sz + (static_cast<size_t>(k0 / group) * out + c * 8) * 2);
+            const int4 sa = __ldg(szp), sb = __ldg(szp + 1);
+            const T2* sv = reinterpret_cast<const T2*>(&sa);  // s01 b01 s23 b23
+            const T2* sw = reinterpret_cast<const T2*>(&sb);  // s45 b45 s67 b67
+            const T2 s2[4] = {sv[0], sv[2], sw[0], sw[2]};
+            const T2 b2[4] = {sv[1], sv[3], sw[1], sw[3]};
+            T2 w[4][4];
+            const uint32_t words[4] = {static_cast<uint32_t>(wv.x), static_cast<uint32_t>(wv.y),
+                                       static_cast<uint32_t>(wv.z), static_cast<uint32_t>(wv.w)};
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+                T2 q[4];
+                unpack_pairs<T>(words[t], q);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) w[t][j] = __hfma2(q[j], s2[j], b2[j]);
+            }
+#pragma unroll
+            for (int m = 0; m < M; ++m) {
+                const uint2 xr = __ldg(reinterpret_cast<const uint2*>(x + static_cast<size_t>(m) * in + k0));
+                const T* xv = reinterpret_cast<const T*>(&xr);
+                T2 part[4];
+#pragma unroll
+                for (int t = 0; t < 4; ++t) {
+                    T2 xt;
+                    xt.x = xv[t];
+                    xt.y = xv[t];
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) part[j] = t == 0 ? __hmul2(w[t][j], xt) : __hfma2(w[t][j], xt, part[j]);
+                }
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const float2 f = to_float2<T>(part[j]);
+                    acc[m][2 * j] += f.x;
+                    acc[m][2 * j + 1] += f.y;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int o = 0; o < 8; ++o) {
+            float v = acc[m][o];
+#pragma unroll
+            for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffffu, v, s);
+            if (lane == m * 8 + o) red[warp][m * 8 + o] = v;
+        }
+    __syncthreads();
+    if (valid && wi == 0 && lane < M * 8) {
+        float v = 0.f;
+        for (int i = 0; i < wpo; ++i) v += red[warp + i][lane];
+        const int m = lane / 8, o = c * 8 + lane % 8;
+        if (bias != nullptr) v += to_f<T>(bias[o]);
+        y[static_cast<size_t>(m) * out + o] = from_f<T>(v);
+    }
+}
+
+template <typename T, int M>
+static void launch(const T* x, const int4* wq, const T* sz, const T* bias, T* y, int in, int out,
+                   int group, int wpo, cudaStream_t stream) {
+    const int groups = out / 8;
+    const int per_cta = kWarps / wpo;
+    const unsigned grid = static_cast<unsigned>((groups + per_cta - 1) / per_cta);
+    gemv_kernel<T, M><<<grid, kWarps * 32, 0, stream>>>(x, wq, sz, bias, y, in, out, group, wpo);
+}
+
+// Warps per column group: enough K slices to fill the GPU, at least 2 iterations each.
+static int warps_per_group(int in) {
+    int wpo = 8;
+    while (wpo > 1 && in / (128 * wpo) < 2) wpo >>= 1;
+    return wpo;
+}
+
+template <typename T>
+int gemv(const void* x, const int32_t* wq, const void* sz, const void* bias, void* y, int m, int in,
+         int out, int group, cudaStream_t stream) {
+    if (in % group || in % 32 || out % 8 || m < 1 || m > 8) return static_cast<int>(cudaErrorInvalidValue);
+    const T* xt = static_cast<const T*>(x);
+    const int4* w4 = reinterpret_cast<const int4*>(wq);
+    const T* st = static_cast<const T*>(sz);
+    const T* bt = static_cast<const T*>(bias);
+    T* yt = static_cast<T*>(y);
+    const int wpo = warps_per_group(in);
+    switch (m) {
+        case 1: launch<T, 1>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
+        case 2: launch<T, 2>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
+        case 3: launch<T, 3>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
+        case 4: launch<T, 4>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
+        case 5: launch<T, 5>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
+        case 6: launch<T, 6>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
+        case 7: launch<T, 7>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
+        default: launch<T, 8>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
+    }
+    return static_cast<int>(cudaGetLastError());
+}
+
+template int gemv<half>(const void*, const int32_t*, const void*, const void*, void*, int, int, int, int, cudaStream_t);
+template int gemv<__nv_bfloat16>(const void*, const int32_t*, const void*, const void*, void*, int, int, int, int, cudaStream_t);
+
+}  // namespace awq

@@ -1,0 +1,247 @@
+// awq_orin tensor-core kernel for mid M: mma.sync.m16n8k16 (fp32 accumulate) over tiles of
+// BM tokens x 128 outputs x 32 inputs. Activations arrive by cp.async; weight words arrive in
+// registers one k-tile ahead, are dequantized with LOP3 (awq_common.cuh) into a padded shared
+// tile W[n][k], and both operands feed the MMA through ldmatrix. Split-K writes fp32 partial
+// sums to a torch-allocated workspace [splits, M, out]; awq_splitk_reduce sums them in a fixed
+// order (deterministic), adds the bias and converts.
+#include "awq_common.cuh"
+
+namespace awq {
+
+constexpr int kBN = 128, kBK = 32, kPad = 8, kLd = kBK + kPad;  // smem row stride (elements)
+constexpr int kThreads = 128;                                   // 4 warps, each 32 outputs
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred) {
+    const int n = pred ? 16 : 0;  // n = 0 zero-fills rows past M
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;"); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
+}
+
+template <typename T> __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <> __device__ __forceinline__ void mma16816<half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <> __device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Dequantize one thread's 4 words (column group c, inputs k..k+3) into W[8c'..8c'+7][k'..k'+3].
+template <typename T>
+__device__ __forceinline__ void dequant_to_smem(const int4& wv, const T* __restrict__ szp, T* w_s, int c_local, int k_local) {
+    using T2 = typename Vec2<T>::type;
+    const int4 sa = __ldg(reinterpret_cast<const int4*>(szp));
+    const int4 sb = __ldg(reinterpret_cast<const int4*>(szp) + 1);
+    const T2* sv = reinterpret_cast<const T2*>(&sa);
+    const T2* sw = reinterpret_cast<const T2*>(&sb);
+    const T2 s2[4] = {sv[0], sv[2], sw[0], sw[2]};
+    const T2 b2[4] = {sv[1], sv[3], sw[1], sw[3]};
+    const uint32_t words[4] = {static_cast<uint32_t>(wv.x), static_cast<uint32_t>(wv.y),
+                               static_cast<uint32_t>(wv.z), static_cast<uint32_t>(wv.w)};
+    T lo[4][4], hi[4][4];  // [pair j][input t]
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        T2 q[4];
+        unpack_pairs<T>(words[t], q);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const T2 w = __hfma2(q[j], s2[j], b2[j]);
+            lo[j][t] = w.x;
+            hi[j][t] = w.y;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        *reinterpret_cast<uint2*>(w_s + (c_local * 8 + 2 * j) * kLd + k_local) = *reinterpret_cast<const uint2*>(lo[j]);
+        *reinterpret_cast<uint2*>(w_s + (c_local * 8 + 2 * j + 1) * kLd + k_local) = *reinterpret_cast<const uint2*>(hi[j]);
+    }
+}
+
+template <typename T, int BM>
+__global__ void __launch_bounds__(kThreads)
+mma_kernel(const T* __restrict__ x, const int32_t* __restrict__ wq, const T* __restrict__ sz,
+           const T* __restrict__ bias, T* __restrict__ y, float* __restrict__ partial,
+           int M, int in, int out, int group, int k_tiles_per_split) {
+    __shared__ __align__(16) T a_s[2][BM * kLd];
+    __shared__ __align__(16) T w_s[2][kBN * kLd];
+    constexpr int MT = BM / 16;  // m16 tiles per warp
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int n0 = blockIdx.x * kBN, m0 = blockIdx.y * BM;
+    const int k_tiles = in / kBK;
+    const int kt_begin = blockIdx.z * k_tiles_per_split;
+    const int kt_end = min(k_tiles, kt_begin + k_tiles_per_split);
+
+    // Weight loads: thread -> (column group tid / 8 of this tile, inputs 4 * (tid % 8) .. +3).
+    const int c_local = tid >> 3, k_local = (tid & 7) * 4;
+    const int c_global = n0 / 8 + c_local;
+    const bool c_ok = c_global < out / 8;
+    const int4* wrow = reinterpret_cast<const int4*>(wq + static_cast<size_t>(c_ok ? c_global : 0) * in);
+
+    auto load_a = [&](int stage, int kt) {
+        constexpr int chunks = BM * kBK / 8;  // 16-byte chunks
+#pragma unroll
+        for (int i = tid; i < chunks; i += kThreads) {
+            const int r = i / (kBK / 8), ch = i % (kBK / 8);
+            const bool ok = m0 + r < M;
+            const T* src = x + static_cast<size_t>(ok ? m0 + r : 0) * in + kt * kBK + ch * 8;
+            cp_async16(&a_s[stage][r * kLd + ch * 8], src, ok);
+        }
+        cp_async_commit();
+    };
+    auto load_w = [&](int kt) -> int4 {
+        return c_ok ? __ldg(wrow + (kt * kBK + k_local) / 4) : make_int4(0, 0, 0, 0);
+    };
+    auto store_w = [&](int stage, int kt, const int4& wv) {
+        if (c_ok) {
+            const T* szp = sz + (static_cast<size_t>((kt * kBK + k_local) / group) * out + c_global * 8) * 2;
+            dequant_to_smem<T>(wv, szp, w_s[stage], c_local, k_local);
+        } else {
+            const uint2 z = make_uint2(0, 0);
+#pragma unroll
+            for (int o = 0; o < 8; ++o) *reinterpret_cast<uint2*>(w_s[stage] + (c_local * 8 + o) * kLd + k_local) = z;
+        }
+    };
+
+    float acc[MT][4][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+    if (kt_begin < kt_end) {
+        load_a(0, kt_begin);
+        store_w(0, kt_begin, load_w(kt_begin));
+    }
+    for (int kt = kt_begin; kt < kt_end; ++kt) {
+        const int stage = (kt - kt_begin) & 1;
+        cp_async_wait_all();
+        __syncthreads();
+        const bool more = kt + 1 < kt_end;
+        int4 next_w = make_int4(0, 0, 0, 0);
+        if (more) {
+            load_a(stage ^ 1, kt + 1);
+            next_w = load_w(kt + 1);
+        }
+#pragma unroll
+        for (int ks = 0; ks < kBK; ks += 16) {
+            uint32_t af[MT][4];
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+                ldmatrix_x4(af[i], &a_s[stage][(i * 16 + (lane & 15)) * kLd + ks + (lane >> 4) * 8]);
+#pragma unroll
+            for (int jp = 0; jp < 2; ++jp) {  // two n8 tiles per ldmatrix.x4
+                uint32_t bf[4];
+                const int n_row = warp * 32 + jp * 16 + (lane & 7) + ((lane >> 4) << 3);
+                ldmatrix_x4(bf, &w_s[stage][n_row * kLd + ks + ((lane >> 3) & 1) * 8]);
+#pragma unroll
+                for (int i = 0; i < MT; ++i) {
+                    mma16816<T>(acc[i][jp * 2], af[i], bf[0], bf[1]);
+                    mma16816<T>(acc[i][jp * 2 + 1], af[i], bf[2], bf[3]);
+                }
+            }
+        }
+        if (more) store_w(stage ^ 1, kt + 1, next_w);
+    }
+
+    // Epilogue: accumulator (i, j, e) -> row m0 + 16i + lane/4 (+8 for e >= 2),
+    // col n0 + 32*warp + 8j + 2*(lane%4) + (e & 1).
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = m0 + i * 16 + (lane >> 2) + h * 8;
+                const int col = n0 + warp * 32 + j * 8 + (lane & 3) * 2;
+                if (row >= M || col >= out) continue;
+                float v0 = acc[i][j][h * 2], v1 = acc[i][j][h * 2 + 1];
+                if (partial != nullptr) {
+                    float* p = partial + (static_cast<size_t>(blockIdx.z) * M + row) * out + col;
+                    *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
+                } else {
+                    if (bias != nullptr) { v0 += to_f<T>(bias[col]); v1 += to_f<T>(bias[col + 1]); }
+                    typename Vec2<T>::type o;
+                    o.x = from_f<T>(v0);
+                    o.y = from_f<T>(v1);
+                    *reinterpret_cast<typename Vec2<T>::type*>(y + static_cast<size_t>(row) * out + col) = o;
+                }
+            }
+}
+
+template <typename T>
+__global__ void splitk_reduce(const float* __restrict__ partial, const T* __restrict__ bias, T* __restrict__ y,
+                              int splits, int M, int out) {
+    const long long idx = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+    const long long total = static_cast<long long>(M) * out;
+    if (idx >= total) return;
+    float v = 0.f;
+    for (int s = 0; s < splits; ++s) v += partial[s * total + idx];  // fixed order: deterministic
+    if (bias != nullptr) v += to_f<T>(bias[idx % out]);
+    y[idx] = from_f<T>(v);
+}
+
+static int sm_count() {
+    int dev = 0, sms = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    return sms > 0 ? sms : 1;
+}
+
+// Split count so that the grid covers ~2 waves, each split keeping >= 4 k-tiles.
+int mma_splits(int m, int in, int out) {
+    const int bm = m <= 16 ? 16 : (m <= 32 ? 32 : 64);
+    const int tiles = ((out + kBN - 1) / kBN) * ((m + bm - 1) / bm);
+    const int k_tiles = in / kBK;
+    int splits = (2 * sm_count() + tiles - 1) / tiles;
+    splits = max(1, min(splits, k_tiles / 4));
+    return splits;
+}
+
+template <typename T>
+int mma(const void* x, const int32_t* wq, const void* sz, const void* bias, void* y, float* workspace,
+        int splits, int m, int in, int out, int group, cudaStream_t stream) {
+    if (in % kBK || in % group || out % 8 || m < 1 || splits < 1) return static_cast<int>(cudaErrorInvalidValue);
+    const int k_tiles = in / kBK;
+    const int per_split = (k_tiles + splits - 1) / splits;
+    splits = (k_tiles + per_split - 1) / per_split;  // no empty splits
+    float* partial = splits > 1 ? workspace : nullptr;
+    if (splits > 1 && workspace == nullptr) return static_cast<int>(cudaErrorInvalidValue);
+    const T* xt = static_cast<const T*>(x);
+    const T* st = static_cast<const T*>(sz);
+    const T* bt = static_cast<const T*>(bias);
+    T* yt = static_cast<T*>(y);
+    const unsigned gx = static_cast<unsigned>((out + kBN - 1) / kBN);
+    if (m <= 16) {
+        mma_kernel<T, 16><<<dim3(gx, (m + 15) / 16, splits), kThreads, 0, stream>>>(xt, wq, st, bt, yt, partial, m, in, out, group, per_split);
+    } else if (m <= 32) {
+        mma_kernel<T, 32><<<dim3(gx, (m + 31) / 32, splits), kThreads, 0, stream>>>(xt, wq, st, bt, yt, partial, m, in, out, group, per_split);
+    } else {
+        mma_kernel<T, 64><<<dim3(gx, (m + 63) / 64, splits), kThreads, 0, stream>>>(xt, wq, st, bt, yt, partial, m, in, out, group, per_split);
+    }
+    if (cudaError_t e = cudaGetLastError()) return static_cast<int>(e);
+    if (splits > 1) {
+        const long long total = static_cast<long long>(m) * out;
+        splitk_reduce<T><<<static_cast<unsigned>((total + 255) / 256), 256, 0, stream>>>(partial, bt, yt, splits, m, out);
+    }
+    return static_cast<int>(cudaGetLastError());
+}
+
+template int mma<half>(const void*, const int32_t*, const void*, const void*, void*, float*, int, int, int, int, int, cudaStream_t);
+template int mma<__nv_bfloat16>(const void*, const int32_t*, const void*, const void*, void*, float*, int, int, int, int, int, cudaStream_t);
+
+}  // namespace awq
