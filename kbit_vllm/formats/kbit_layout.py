@@ -36,25 +36,40 @@ def tiled_bit_position(e: int, b: int) -> int:
     return (4 * n + g + b) % 32
 
 
-def _positions(k: int, device: torch.device) -> torch.Tensor:
-    """[k, 32] int64: column e of row b is tiled_bit_position(e, b)."""
-    return torch.tensor([[tiled_bit_position(e, b) for e in range(32)] for b in range(k)],
-                        dtype=torch.int64, device=device)
+def _byte_luts(perm: list[int]) -> torch.Tensor:
+    """[4, 256] int64: entry (i, v) is byte v of a word (at byte i) with bit j moved to perm[j]."""
+    luts = torch.zeros(4, 256, dtype=torch.int64)
+    v = torch.arange(256)
+    for i in range(4):
+        for j in range(8):
+            luts[i] |= ((v >> j) & 1) << perm[8 * i + j]
+    return luts
+
+
+# tiled_bit_position(e, b) = (P0(e) + b) mod 32: a fixed permutation, then a rotation by b.
+_P0 = [tiled_bit_position(e, 0) for e in range(32)]
+_P0_INV = [_P0.index(p) for p in range(32)]
+_LUT_TO, _LUT_FROM = _byte_luts(_P0), _byte_luts(_P0_INV)
+
+
+def _apply(w: torch.Tensor, luts: torch.Tensor) -> torch.Tensor:
+    luts = luts.to(w.device)
+    return luts[0][w & 255] | luts[1][(w >> 8) & 255] | luts[2][(w >> 16) & 255] | luts[3][(w >> 24) & 255]
 
 
 def _permute_bits(words: torch.Tensor, k: int, to_tile: bool) -> torch.Tensor:
-    """words [..., k, T] int32; move bit e of plane b to tiled_bit_position(e, b) or back."""
-    pos = _positions(k, words.device)  # [k, 32]
-    src_e = torch.arange(32, dtype=torch.int64, device=words.device).expand(k, 32)
-    src, dst = (src_e, pos) if to_tile else (pos, src_e)
+    """words [..., k, T] int32; move bit e of plane b to tiled_bit_position(e, b) or back.
+
+    Byte lookup tables plus a per-plane rotation: a handful of tensor ops, not 32 * k.
+    """
     w = words.to(torch.int64) & 0xFFFFFFFF
-    out = torch.zeros_like(w)
-    for b in range(k):
-        wb = w[..., b, :]
-        acc = torch.zeros_like(wb)
-        for e in range(32):
-            acc |= ((wb >> int(src[b, e])) & 1) << int(dst[b, e])
-        out[..., b, :] = acc
+    b = torch.arange(k, dtype=torch.int64, device=w.device).view(k, 1)
+    if to_tile:
+        w = _apply(w, _LUT_TO)
+        out = ((w << b) | (w >> (32 - b))) & 0xFFFFFFFF
+    else:
+        w = ((w >> b) | (w << (32 - b))) & 0xFFFFFFFF
+        out = _apply(w, _LUT_FROM)
     return torch.where(out >= 2**31, out - 2**32, out).to(torch.int32)
 
 

@@ -22,7 +22,7 @@ from .library import LIB, check, device_supported
 
 # (largest M for the GEMV kernel, largest M for the MMA kernel) per compute capability, from
 # benchmarks/bench_awq.py on the H200 (benchmarks/RESULTS.md); other archs use the sm_90 row.
-DISPATCH = {90: (8, 256)}
+DISPATCH = {90: (8, 64)}
 _SUFFIX = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
