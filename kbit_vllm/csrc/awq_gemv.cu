@@ -107,11 +107,16 @@ static void launch(const T* x, const int4* wq, const T* sz, const T* bias, T* y,
     gemv_kernel<T, M><<<grid, kWarps * 32, 0, stream>>>(x, wq, sz, bias, y, in, out, group, wpo);
 }
 
-// Warps per column group: split K over up to 8 warps (more warps in flight measured faster
-// on H200 than longer per-warp loops), each with >= 2 loop iterations.
-static int warps_per_group(int in) {
-    int wpo = 8;
-    while (wpo > 1 && in / (128 * wpo) < 2) wpo >>= 1;
+// Warps per column group: the fewest K splits that still give ~32 warps per SM (4 CTAs of 8),
+// so long per-warp streams amortize the reduction while every SM stays busy; each warp keeps
+// >= 2 loop iterations.
+static int warps_per_group(int in, int out) {
+    int dev = 0, sms = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    const long long target = 32LL * (sms > 0 ? sms : 132);
+    int wpo = 1;
+    while (wpo < kWarps && static_cast<long long>(out / 8) * wpo < target && in / (128 * wpo * 2) >= 2) wpo <<= 1;
     return wpo;
 }
 
@@ -124,7 +129,7 @@ int gemv(const void* x, const int32_t* wq, const void* sz, const void* bias, voi
     const T* st = static_cast<const T*>(sz);
     const T* bt = static_cast<const T*>(bias);
     T* yt = static_cast<T*>(y);
-    const int wpo = warps_per_group(in);
+    const int wpo = warps_per_group(in, out);
     switch (m) {
         case 1: launch<T, 1>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
         case 2: launch<T, 2>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
