@@ -23,7 +23,7 @@ int launch_repack(const void* packed, const uint8_t* absmax, int k, int out_f, i
                   uint8_t* absmax_t, bool inverse, cudaStream_t stream);
 template <typename T>
 int launch_gemv(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int k, int M,
-                int N, int nb, void* y, int wk, cudaStream_t s);
+                int N, int nb, void* y, int rgpc, int wk, int splits, cudaStream_t s);
 template <typename T>
 int launch_mma(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int k, int M,
                int N, int nb, void* y, int mb, int splits, float* ws, int* counters, cudaStream_t s);
@@ -76,9 +76,9 @@ KBIT_DEQUANT_API(fp32, float)
                                              static_cast<cudaStream_t>(stream));                          \
     }                                                                                                     \
     int kbit_vllm_gemv_##SUFFIX(const void* x, const void* pt, const uint8_t* at, const float* cb,        \
-                                const void* bias, int k, int M, int N, int nb, void* y, int wk,           \
-                                void* stream) {                                                           \
-        return kbit::launch_gemv<T>(x, pt, at, cb, bias, k, M, N, nb, y, wk,                              \
+                                const void* bias, int k, int M, int N, int nb, void* y, int rgpc, int wk, \
+                                int splits, void* stream) {                                               \
+        return kbit::launch_gemv<T>(x, pt, at, cb, bias, k, M, N, nb, y, rgpc, wk, splits,                \
                                     static_cast<cudaStream_t>(stream));                                   \
     }                                                                                                     \
     int kbit_vllm_mma_##SUFFIX(const void* x, const void* pt, const uint8_t* at, const float* cb,         \

@@ -1,6 +1,7 @@
 // kbit dequantize: serialized or tiled layout -> dense W [out, in] (fp16/bf16/fp32).
 // Values are codebook[code] * decode_e4m4(absmax) in fp32, rounded once: bit-exact with
 // formats/kbit.py. The tiled variant feeds the large-M dequantize + cuBLAS path.
+// One kernel family (serialized and tiled variants of the same decode).
 #include "kbit_tile.cuh"
 
 namespace kbit {
@@ -44,31 +45,64 @@ __global__ void dequant_kernel(const uint32_t* __restrict__ packed, const uint8_
     store32<T>(out + i * 32, v);
 }
 
-// Tiled: CTA = 128 rows of one n-tile (lanes = rows: coalesced plane reads), looping over blocks.
+// Tiled: CTA = the 128 rows of one n-tile x kDqJB blocks. Thread r decodes row r (lanes = rows:
+// coalesced plane reads) into a shared-memory tile, then the CTA writes each row's
+// kDqJB * 32 outputs as contiguous 16-byte stores (full, coalesced row segments).
+constexpr int kDqJB = 4;                     // blocks per CTA: 128 outputs of each row
+constexpr int kDqStride = kDqJB * 32 + 8;    // smem row stride in elements (16-byte pad: no bank conflicts)
+
 template <typename T, int K>
-__global__ void dequant_tiled_kernel(const uint32_t* __restrict__ packed_t, const uint8_t* __restrict__ absmax_t,
-                                     const float* __restrict__ codebook, int out_f, int nb, int blocks_per_cta,
-                                     T* __restrict__ out) {
+__global__ void __launch_bounds__(kTileN) dequant_tiled_kernel(const uint32_t* __restrict__ packed_t,
+                                                               const uint8_t* __restrict__ absmax_t,
+                                                               const float* __restrict__ codebook, int out_f, int nb,
+                                                               T* __restrict__ out) {
+    static_assert(sizeof(T) == 2, "tiled dequant writes 16-bit outputs");
+    __shared__ __align__(16) T tile_s[kTileN * kDqStride];
     const int t = blockIdx.y, r = threadIdx.x, lane = r & 31;
-    const int row = t * kTileN + r;
     const float cbl = lane_codebook<K>(codebook, lane);
-    const int j0 = blockIdx.x * blocks_per_cta;
-    const int j1 = min(nb, j0 + blocks_per_cta);
-    for (int j = j0; j < j1; ++j) {
-        const size_t tb = static_cast<size_t>(t) * nb + j;
-        uint32_t p[K];
+    const int j0 = blockIdx.x * kDqJB;
+    const int jn = min(kDqJB, nb - j0);
+    uint32_t p[kDqJB][K];
+    uint8_t a[kDqJB];
 #pragma unroll
-        for (int b = 0; b < K; ++b) p[b] = packed_t[(tb * K + b) * kTileN + r];
-        const float s = decode_e4m4(absmax_t[tb * kTileN + r]);
+    for (int jj = 0; jj < kDqJB; ++jj) {
+        const bool ok = jj < jn;
+        const size_t tb = static_cast<size_t>(t) * nb + j0 + (ok ? jj : 0);
+#pragma unroll
+        for (int b = 0; b < K; ++b) p[jj][b] = ok ? __ldg(packed_t + (tb * K + b) * kTileN + r) : 0u;
+        a[jj] = ok ? __ldg(absmax_t + tb * kTileN + r) : 0;
+    }
+#pragma unroll
+    for (int jj = 0; jj < kDqJB; ++jj) {
+        if (jj >= jn) break;  // CTA-uniform
+        const float s = decode_e4m4(a[jj]);
         float v[32];
 #pragma unroll
         for (int g = 0; g < 4; ++g) {
             float c[8];
-            decode_group<K>(p, g, cbl, c);
+            decode_group<K>(p[jj], g, cbl, c);
 #pragma unroll
             for (int n = 0; n < 8; ++n) v[elem_of(g, n)] = __fmul_rn(c[n], s);
         }
-        if (row < out_f) store32<T>(out + static_cast<size_t>(row) * nb * 32 + static_cast<size_t>(j) * 32, v);
+        uint4* dst = reinterpret_cast<uint4*>(tile_s + r * kDqStride + jj * 32);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            union { uint4 u; T h[8]; } pk;
+#pragma unroll
+            for (int q = 0; q < 8; ++q) pk.h[q] = from_float<T>(v[8 * i + q]);
+            dst[i] = pk.u;
+        }
+    }
+    __syncthreads();
+    constexpr int kChunks = kDqJB * 4;  // 16-byte chunks per row segment
+    const int cols = jn * 4;
+    const size_t in_f = static_cast<size_t>(nb) * 32;
+    for (int i = threadIdx.x; i < kTileN * kChunks; i += kTileN) {
+        const int rr = i / kChunks, c = i - rr * kChunks;
+        const int row = t * kTileN + rr;
+        if (row < out_f && c < cols)
+            *reinterpret_cast<uint4*>(out + row * in_f + static_cast<size_t>(j0) * 32 + c * 8) =
+                *reinterpret_cast<const uint4*>(tile_s + rr * kDqStride + c * 8);
     }
 }
 
@@ -95,17 +129,14 @@ int launch_dequant_tiled(const void* packed_t, const uint8_t* absmax_t, const fl
                          int out_f, int nb, void* out, cudaStream_t stream) {
     if (out_f <= 0 || nb <= 0) return 0;
     const int nt = (out_f + kTileN - 1) / kTileN;
-    // One block per CTA: a thread walking several blocks serially is latency-bound (measured
-    // 4x slower on H200); nt * nb CTAs of 128 threads keep enough loads in flight.
-    const int per = 1;
-    const dim3 grid((nb + per - 1) / per, nt);
+    const dim3 grid((nb + kDqJB - 1) / kDqJB, nt);
     const auto* p = static_cast<const uint32_t*>(packed_t);
     T* o = static_cast<T*>(out);
     switch (k) {
-        case 2: dequant_tiled_kernel<T, 2><<<grid, kTileN, 0, stream>>>(p, absmax_t, codebook, out_f, nb, per, o); break;
-        case 3: dequant_tiled_kernel<T, 3><<<grid, kTileN, 0, stream>>>(p, absmax_t, codebook, out_f, nb, per, o); break;
-        case 4: dequant_tiled_kernel<T, 4><<<grid, kTileN, 0, stream>>>(p, absmax_t, codebook, out_f, nb, per, o); break;
-        case 5: dequant_tiled_kernel<T, 5><<<grid, kTileN, 0, stream>>>(p, absmax_t, codebook, out_f, nb, per, o); break;
+        case 2: dequant_tiled_kernel<T, 2><<<grid, kTileN, 0, stream>>>(p, absmax_t, codebook, out_f, nb, o); break;
+        case 3: dequant_tiled_kernel<T, 3><<<grid, kTileN, 0, stream>>>(p, absmax_t, codebook, out_f, nb, o); break;
+        case 4: dequant_tiled_kernel<T, 4><<<grid, kTileN, 0, stream>>>(p, absmax_t, codebook, out_f, nb, o); break;
+        case 5: dequant_tiled_kernel<T, 5><<<grid, kTileN, 0, stream>>>(p, absmax_t, codebook, out_f, nb, o); break;
         default: return static_cast<int>(cudaErrorInvalidValue);
     }
     KBIT_RETURN_LAUNCH_STATUS();

@@ -1,12 +1,22 @@
 // kbit GEMV for M = 1..4 rows of x: y[m, n] = sum_i x[m, i] * W[n, i] (+ bias[n]).
 //
-// CTA = 32 output rows (one lane per row: the tiled planes of 32 rows are 128 contiguous
-// bytes) x WK warps splitting the input blocks. x is staged per chunk into shared memory as
-// fp32, permuted into (group, field) order so a lane reads its group's 8 values with two
-// broadcast 16-byte loads. Each lane decodes its row's codes 8 at a time (kbit_tile.cuh:
-// bit-selects + one rotate + one shuffle per weight), accumulates the block's dot product in
-// fp32 and applies the block scale once. Warps reduce through shared memory at the end.
+// k = 2..4 (gemv_lut_kernel): a warp owns 32 output rows (lane = row: the tiled planes of 32
+// rows are 128 contiguous bytes) and a share of the input blocks. Codes are decoded two at a
+// time through a shared-memory table: entry e = (codebook[e & 15], codebook[e >> 4]) as half2,
+// replicated per lane ([256][32] words, so a warp's 32 random lookups hit 32 distinct banks).
+// The tiled bit order gives, per group g, one word whose byte i holds the codes of elements
+// 8i + 2g and 8i + 2g + 1 (three bit-selects + a rotate, kbit_tile.cuh), so one rotate + one
+// lop3 makes the table address of a pair, and the pair multiplies the half2 (x[8i+2g],
+// x[8i+2g+1]) of the activation. fp16 activations: half2 FMA, flushed to fp32 once per
+// 32-element block (times the block scale); bf16: the half2 pair converts to fp32 and FMAs in
+// fp32. x is staged in shared memory in (group, pair) order. The CTA holds `rgpc` row groups x
+// `wk` warps along K; `splits` CTAs of one thread-block cluster (sm_90) split K further and the
+// cluster's rank-0 CTA sums every partial in a fixed order through distributed shared memory
+// (deterministic; no workspace, no atomics).
+// k = 5 (gemv_shfl_kernel): the codebook lives in lane registers and is read with a shuffle.
 #include "kbit_tile.cuh"
+
+#include <cooperative_groups.h>
 
 namespace kbit {
 
@@ -21,7 +31,7 @@ __device__ __forceinline__ void load8(const T* src, float (&f)[8]) {
 }
 
 template <typename T, int K, int M>
-__global__ void __launch_bounds__(1024) gemv_kernel(const T* __restrict__ x, const uint32_t* __restrict__ packed_t,
+__global__ void __launch_bounds__(1024) gemv_shfl_kernel(const T* __restrict__ x, const uint32_t* __restrict__ packed_t,
                                                     const uint8_t* __restrict__ absmax_t,
                                                     const float* __restrict__ codebook, const T* __restrict__ bias,
                                                     T* __restrict__ y, int N, int nb) {
@@ -108,11 +118,11 @@ __global__ void __launch_bounds__(1024) gemv_kernel(const T* __restrict__ x, con
 }
 
 template <typename T, int K, int M>
-int launch_gemv_km(const void* x, const void* packed_t, const uint8_t* absmax_t, const float* codebook,
+int launch_gemv_shfl_km(const void* x, const void* packed_t, const uint8_t* absmax_t, const float* codebook,
                    const void* bias, int N, int nb, void* y, int wk, cudaStream_t stream) {
     const int nt = (N + kTileN - 1) / kTileN;
     const size_t smem = static_cast<size_t>(M) * wk * kGemvUnroll * 32 * sizeof(float);
-    auto kern = gemv_kernel<T, K, M>;
+    auto kern = gemv_shfl_kernel<T, K, M>;
     if (smem > 48 * 1024) {
         const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    static_cast<int>(smem));
@@ -125,34 +135,277 @@ int launch_gemv_km(const void* x, const void* packed_t, const uint8_t* absmax_t,
 }
 
 template <typename T, int K>
-int launch_gemv_k(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int M,
+int launch_gemv_shfl_k(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int M,
                   int N, int nb, void* y, int wk, cudaStream_t s) {
     switch (M) {
-        case 1: return launch_gemv_km<T, K, 1>(x, pt, at, cb, bias, N, nb, y, wk, s);
-        case 2: return launch_gemv_km<T, K, 2>(x, pt, at, cb, bias, N, nb, y, wk, s);
-        case 3: return launch_gemv_km<T, K, 3>(x, pt, at, cb, bias, N, nb, y, wk, s);
-        case 4: return launch_gemv_km<T, K, 4>(x, pt, at, cb, bias, N, nb, y, wk, s);
+        case 1: return launch_gemv_shfl_km<T, K, 1>(x, pt, at, cb, bias, N, nb, y, wk, s);
+        case 2: return launch_gemv_shfl_km<T, K, 2>(x, pt, at, cb, bias, N, nb, y, wk, s);
+        case 3: return launch_gemv_shfl_km<T, K, 3>(x, pt, at, cb, bias, N, nb, y, wk, s);
+        case 4: return launch_gemv_shfl_km<T, K, 4>(x, pt, at, cb, bias, N, nb, y, wk, s);
         default: return static_cast<int>(cudaErrorInvalidValue);
     }
 }
 
+
+// ---- table-decode GEMV (k = 2..4) ------------------------------------------------------------
+
+constexpr int kLutU = 4;                 // blocks in flight per warp
+constexpr int kLutWords = 256 * 32;      // [pair code][lane] half2 words (32 KB)
+constexpr int kLutXBudget = 16 * 1024;   // bytes of staged x per chunk
+constexpr int kLutMaxThreads = 256;
+
+template <typename T> struct LutMath { static constexpr bool kHalf = false; static constexpr int kXBytes = 128; };
+template <> struct LutMath<half> { static constexpr bool kHalf = true; static constexpr int kXBytes = 64; };
+
+__device__ __forceinline__ uint32_t h2_bits(half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
+__device__ __forceinline__ half2 bits_h2(uint32_t u) { return *reinterpret_cast<half2*>(&u); }
+
+// Shared address offset (bytes, lane column included) of the table entry for pair i of group g.
+template <int I>
+__device__ __forceinline__ uint32_t lut_off(uint32_t gw, int g, uint32_t lane4) {
+    // rotr(gw, g) has code (g, n) in nibble n; rotating a further 8i - 7 puts byte i at bits 7..14.
+    const uint32_t v = rotr32(gw, (g + 8 * I + 25) & 31);
+    return (v & 0x7F80u) | lane4;
+}
+
+template <typename T, int K, int M>
+__global__ void __launch_bounds__(kLutMaxThreads, 4) gemv_lut_kernel(
+    const T* __restrict__ x, const uint32_t* __restrict__ packed_t, const uint8_t* __restrict__ absmax_t,
+    const float* __restrict__ codebook, const T* __restrict__ bias, T* __restrict__ y, int N, int nb, int rgpc,
+    int splits, int chunk) {
+    static_assert(K >= 2 && K <= 4, "table GEMV takes k = 2..4");
+    constexpr bool H = LutMath<T>::kHalf;
+    extern __shared__ uint4 smem_lut[];
+    uint32_t* tbl = reinterpret_cast<uint32_t*>(smem_lut);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nwarps = blockDim.x >> 5, WK = nwarps / rgpc;
+    const int rgl = warp / WK, wk = warp - rgl * WK;
+    const int split = blockIdx.x % splits;
+    const int rg = (blockIdx.x / splits) * rgpc + rgl;  // 32-row group
+    const int n_rg = ((N + kTileN - 1) / kTileN) * 4;
+    const bool active = rg < n_rg;
+    const int row = rg * 32 + lane;
+    const int per = (nb + splits - 1) / splits;
+    const int kb0 = split * per, kb1 = min(nb, kb0 + per);
+    char* xs_raw = reinterpret_cast<char*>(tbl + kLutWords);
+    float* red = reinterpret_cast<float*>(xs_raw + static_cast<size_t>(chunk) * M * LutMath<T>::kXBytes);
+
+    // Table: entry e (word e * 32 + lane) = (codebook[e & 15], codebook[e >> 4]) for every lane.
+    constexpr int kMask = (1 << K) - 1;
+    for (int i = threadIdx.x; i < 256 * 8; i += blockDim.x) {
+        const int e = i >> 3, q = i & 7;
+        const uint32_t w = h2_bits(__floats2half2_rn(__ldg(codebook + (e & kMask)), __ldg(codebook + ((e >> 4) & kMask))));
+        reinterpret_cast<uint4*>(tbl + e * 32)[q] = make_uint4(w, w, w, w);
+    }
+
+    const int tile = rg >> 2, sub = rg & 3;
+    const uint32_t* P = packed_t + static_cast<size_t>(tile) * nb * K * kTileN + sub * 32 + lane;
+    const uint8_t* A = absmax_t + static_cast<size_t>(tile) * nb * kTileN + sub * 32 + lane;
+    const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
+    const char* tblc = reinterpret_cast<const char*>(tbl);
+    const int in_f = nb * 32;
+
+    float acc[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[m] = 0.f;
+
+    for (int c0 = kb0; c0 < kb1; c0 += chunk) {
+        const int cn = min(chunk, kb1 - c0);
+        __syncthreads();  // table built / previous chunk's x no longer read
+        for (int i = threadIdx.x; i < M * cn * 4; i += blockDim.x) {
+            const int m = i / (cn * 4), q = i - m * (cn * 4);  // q: 8-element run; block q / 4, pair index q % 4
+            union { uint4 u; T h[8]; } pk;
+            pk.u = __ldg(reinterpret_cast<const uint4*>(x + static_cast<size_t>(m) * in_f + static_cast<size_t>(c0) * 32 + q * 8));
+            const int jl = q >> 2, ii = q & 3;
+            if constexpr (H) {
+                uint32_t* dst = reinterpret_cast<uint32_t*>(xs_raw) + (m * chunk + jl) * 16;
+                const uint32_t* src = reinterpret_cast<const uint32_t*>(&pk.u);
+#pragma unroll
+                for (int g = 0; g < 4; ++g) dst[g * 4 + ii] = src[g];  // (x[8i+2g], x[8i+2g+1]) at word 4g + i
+            } else {
+                float2* dst = reinterpret_cast<float2*>(xs_raw) + (m * chunk + jl) * 16;
+#pragma unroll
+                for (int g = 0; g < 4; ++g) dst[g * 4 + ii] = make_float2(to_float(pk.h[2 * g]), to_float(pk.h[2 * g + 1]));
+            }
+        }
+        __syncthreads();
+        if (!active) continue;
+        for (int jb = wk * kLutU; jb < cn; jb += WK * kLutU) {
+            uint32_t p[kLutU][K];
+            uint8_t a[kLutU];
+#pragma unroll
+            for (int u = 0; u < kLutU; ++u) {
+                const bool ok = jb + u < cn;
+                const size_t j = static_cast<size_t>(c0 + (ok ? jb + u : 0));
+#pragma unroll
+                for (int b = 0; b < K; ++b) p[u][b] = ok ? __ldg(P + (j * K + b) * kTileN) : 0u;
+                a[u] = ok ? __ldg(A + j * kTileN) : 0;
+            }
+#pragma unroll
+            for (int u = 0; u < kLutU; ++u) {
+                const int jl = jb + u;
+                if (jl >= cn) break;  // warp-uniform
+                const float s = decode_e4m4(a[u]);
+                if constexpr (H) {
+                    half2 hp[M][2];
+#pragma unroll
+                    for (int m = 0; m < M; ++m) hp[m][0] = hp[m][1] = __float2half2_rn(0.f);
+#pragma unroll
+                    for (int g = 0; g < 4; ++g) {
+                        const uint32_t gw = group_word<K>(p[u], g);
+                        half2 w[4];
+                        w[0] = *reinterpret_cast<const half2*>(tblc + lut_off<0>(gw, g, lane4));
+                        w[1] = *reinterpret_cast<const half2*>(tblc + lut_off<1>(gw, g, lane4));
+                        w[2] = *reinterpret_cast<const half2*>(tblc + lut_off<2>(gw, g, lane4));
+                        w[3] = *reinterpret_cast<const half2*>(tblc + lut_off<3>(gw, g, lane4));
+#pragma unroll
+                        for (int m = 0; m < M; ++m) {
+                            const uint4 xv = reinterpret_cast<const uint4*>(xs_raw)[(m * chunk + jl) * 4 + g];
+                            half2 t = hp[m][g & 1];
+                            t = __hfma2(w[0], bits_h2(xv.x), t);
+                            t = __hfma2(w[1], bits_h2(xv.y), t);
+                            t = __hfma2(w[2], bits_h2(xv.z), t);
+                            t = __hfma2(w[3], bits_h2(xv.w), t);
+                            hp[m][g & 1] = t;
+                        }
+                    }
+#pragma unroll
+                    for (int m = 0; m < M; ++m) {
+                        const float2 f0 = __half22float2(hp[m][0]), f1 = __half22float2(hp[m][1]);
+                        acc[m] = fmaf((f0.x + f0.y) + (f1.x + f1.y), s, acc[m]);
+                    }
+                } else {
+                    float part[M];
+#pragma unroll
+                    for (int m = 0; m < M; ++m) part[m] = 0.f;
+#pragma unroll
+                    for (int g = 0; g < 4; ++g) {
+                        const uint32_t gw = group_word<K>(p[u], g);
+                        float2 w[4];
+                        w[0] = __half22float2(*reinterpret_cast<const half2*>(tblc + lut_off<0>(gw, g, lane4)));
+                        w[1] = __half22float2(*reinterpret_cast<const half2*>(tblc + lut_off<1>(gw, g, lane4)));
+                        w[2] = __half22float2(*reinterpret_cast<const half2*>(tblc + lut_off<2>(gw, g, lane4)));
+                        w[3] = __half22float2(*reinterpret_cast<const half2*>(tblc + lut_off<3>(gw, g, lane4)));
+#pragma unroll
+                        for (int m = 0; m < M; ++m) {
+                            const float4* xv = reinterpret_cast<const float4*>(xs_raw) + ((m * chunk + jl) * 4 + g) * 2;
+                            const float4 x0 = xv[0], x1 = xv[1];
+                            float t = part[m];
+                            t = fmaf(w[0].x, x0.x, t); t = fmaf(w[0].y, x0.y, t);
+                            t = fmaf(w[1].x, x0.z, t); t = fmaf(w[1].y, x0.w, t);
+                            t = fmaf(w[2].x, x1.x, t); t = fmaf(w[2].y, x1.y, t);
+                            t = fmaf(w[3].x, x1.z, t); t = fmaf(w[3].y, x1.w, t);
+                            part[m] = t;
+                        }
+                    }
+#pragma unroll
+                    for (int m = 0; m < M; ++m) acc[m] = fmaf(part[m], s, acc[m]);
+                }
+            }
+        }
+    }
+
+    // Partials of every warp -> red[warp][m][lane]; rank 0 of the cluster sums them in a fixed order.
+#pragma unroll
+    for (int m = 0; m < M; ++m) red[(warp * M + m) * 32 + lane] = acc[m];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    namespace cg = cooperative_groups;
+    if (splits > 1) cg::this_cluster().sync(); else __syncthreads();
+#else
+    __syncthreads();
+#endif
+    if (split == 0 && wk == 0 && active && row < N) {
+        float sum[M];
+#pragma unroll
+        for (int m = 0; m < M; ++m) sum[m] = 0.f;
+        for (int r = 0; r < splits; ++r) {
+            const float* src = red;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            if (r > 0) src = cg::this_cluster().map_shared_rank(red, r);
+#endif
+            for (int w = 0; w < WK; ++w) {
+#pragma unroll
+                for (int m = 0; m < M; ++m) sum[m] += src[((rgl * WK + w) * M + m) * 32 + lane];
+            }
+        }
+        const float bv = bias != nullptr ? to_float(bias[row]) : 0.f;
+#pragma unroll
+        for (int m = 0; m < M; ++m) y[static_cast<size_t>(m) * N + row] = from_float<T>(sum[m] + bv);
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (splits > 1) cg::this_cluster().sync();  // keep every CTA's partials alive until rank 0 has read them
+#endif
+}
+
+template <typename T, int K, int M>
+int launch_gemv_lut_km(const void* x, const void* packed_t, const uint8_t* absmax_t, const float* codebook,
+                       const void* bias, int N, int nb, void* y, int rgpc, int wk, int splits, cudaStream_t stream) {
+    const int n_rg = ((N + kTileN - 1) / kTileN) * 4;
+    const int per = (nb + splits - 1) / splits;
+    const int chunk = max(1, min(per, kLutXBudget / (M * LutMath<T>::kXBytes)));
+    const int threads = rgpc * wk * 32;
+    const size_t smem = static_cast<size_t>(kLutWords) * 4 + static_cast<size_t>(chunk) * M * LutMath<T>::kXBytes +
+                        static_cast<size_t>(rgpc) * wk * M * 32 * sizeof(float);
+    auto kern = gemv_lut_kernel<T, K, M>;
+    if (smem > 48 * 1024) {
+        const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   static_cast<int>(smem));
+        if (e != cudaSuccess) return static_cast<int>(e);
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>((n_rg + rgpc - 1) / rgpc * splits));
+    cfg.blockDim = dim3(static_cast<unsigned>(threads));
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    if (splits > 1) {
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = static_cast<unsigned>(splits);
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+    }
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, static_cast<const T*>(x), static_cast<const uint32_t*>(packed_t),
+                                             absmax_t, codebook, static_cast<const T*>(bias), static_cast<T*>(y), N,
+                                             nb, rgpc, splits, chunk);
+    if (e != cudaSuccess) return static_cast<int>(e);
+    KBIT_RETURN_LAUNCH_STATUS();
+}
+
+template <typename T, int K>
+int launch_gemv_lut_k(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int M,
+                      int N, int nb, void* y, int rgpc, int wk, int splits, cudaStream_t s) {
+    switch (M) {
+        case 1: return launch_gemv_lut_km<T, K, 1>(x, pt, at, cb, bias, N, nb, y, rgpc, wk, splits, s);
+        case 2: return launch_gemv_lut_km<T, K, 2>(x, pt, at, cb, bias, N, nb, y, rgpc, wk, splits, s);
+        case 3: return launch_gemv_lut_km<T, K, 3>(x, pt, at, cb, bias, N, nb, y, rgpc, wk, splits, s);
+        case 4: return launch_gemv_lut_km<T, K, 4>(x, pt, at, cb, bias, N, nb, y, rgpc, wk, splits, s);
+        default: return static_cast<int>(cudaErrorInvalidValue);
+    }
+}
+
+// rgpc: 32-row groups per CTA; wk: warps per row group along K; splits: CTAs of one cluster along
+// K (sm_90 only; 1 elsewhere). k = 5 takes the shuffle kernel with wk * splits warps per row group.
 template <typename T>
 int launch_gemv(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int k,
-                int M, int N, int nb, void* y, int wk, cudaStream_t s) {
+                int M, int N, int nb, void* y, int rgpc, int wk, int splits, cudaStream_t s) {
     if (M == 0 || N <= 0) return 0;
-    if (wk < 1 || wk > 32 || nb <= 0) return static_cast<int>(cudaErrorInvalidValue);
+    if (nb <= 0 || rgpc < 1 || wk < 1 || splits < 1 || splits > 8 || rgpc * wk * 32 > kLutMaxThreads)
+        return static_cast<int>(cudaErrorInvalidValue);
     switch (k) {
-        case 2: return launch_gemv_k<T, 2>(x, pt, at, cb, bias, M, N, nb, y, wk, s);
-        case 3: return launch_gemv_k<T, 3>(x, pt, at, cb, bias, M, N, nb, y, wk, s);
-        case 4: return launch_gemv_k<T, 4>(x, pt, at, cb, bias, M, N, nb, y, wk, s);
-        case 5: return launch_gemv_k<T, 5>(x, pt, at, cb, bias, M, N, nb, y, wk, s);
+        case 2: return launch_gemv_lut_k<T, 2>(x, pt, at, cb, bias, M, N, nb, y, rgpc, wk, splits, s);
+        case 3: return launch_gemv_lut_k<T, 3>(x, pt, at, cb, bias, M, N, nb, y, rgpc, wk, splits, s);
+        case 4: return launch_gemv_lut_k<T, 4>(x, pt, at, cb, bias, M, N, nb, y, rgpc, wk, splits, s);
+        case 5: return launch_gemv_shfl_k<T, 5>(x, pt, at, cb, bias, M, N, nb, y,
+                                                min(32, max(1, min(wk * splits, (nb + 3) / 4))), s);
         default: return static_cast<int>(cudaErrorInvalidValue);
     }
 }
 
 template int launch_gemv<half>(const void*, const void*, const uint8_t*, const float*, const void*, int, int, int,
-                                int, void*, int, cudaStream_t);
+                                int, void*, int, int, int, cudaStream_t);
 template int launch_gemv<__nv_bfloat16>(const void*, const void*, const uint8_t*, const float*, const void*, int,
-                                         int, int, int, void*, int, cudaStream_t);
+                                         int, int, int, void*, int, int, int, cudaStream_t);
 
 }  // namespace kbit

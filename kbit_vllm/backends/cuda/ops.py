@@ -132,11 +132,18 @@ def mma_config(m: int, n: int, nb: int, sms: int) -> tuple[int, int]:
     return mb, max(1, splits)
 
 
-def gemv_warps(n: int, nb: int, sms: int) -> int:
-    """Warps per CTA along K: enough warps in flight per SM, never more than blocks / 4."""
-    groups = 4 * ((n + 127) // 128)
-    want = (48 * sms + groups - 1) // groups
-    return max(1, min(32, want, (nb + 3) // 4))
+def gemv_config(n: int, nb: int, sms: int, cluster: bool) -> tuple[int, int, int]:
+    """(rgpc, wk, splits) for the GEMV: 32-row groups per CTA, warps per row group along K, and
+    CTAs of one cluster along K (sm_90 only), so that ~32 warps per SM each stream >= 8 blocks."""
+    n_rg = 4 * ((n + 127) // 128)
+    per_rg = max(1, min(32 * sms // n_rg, nb // 8))  # warps along K per row group
+    if cluster:
+        wk = min(per_rg, 8)
+        splits = min(8, (per_rg + wk - 1) // wk)
+    else:
+        wk, splits = min(per_rg, 8), 1
+    rgpc = max(1, min(8 // wk, n_rg // sms)) if splits == 1 else 1
+    return rgpc, wk, splits
 
 
 def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch.Tensor, codebook: torch.Tensor,
@@ -162,10 +169,10 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
     if path == "gemv":
         if m > dispatch.GEMV_MAX_M:
             raise ValueError(f"kbit_linear gemv path takes M <= {dispatch.GEMV_MAX_M}, got {m}")
-        wk = gemv_warps(out_features, nb, _sms(dev))
+        rgpc, wk, splits = gemv_config(out_features, nb, _sms(dev), torch.cuda.get_device_capability(dev)[0] >= 9)
         check(getattr(LIB, f"kbit_vllm_gemv_{sfx}")(
             _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(bias), _i(k), _i(m),
-            _i(out_features), _i(nb), _ptr(y), _i(wk), stream), "kbit_linear (gemv)")
+            _i(out_features), _i(nb), _ptr(y), _i(rgpc), _i(wk), _i(splits), stream), "kbit_linear (gemv)")
         return y
     if path != "mma":
         raise ValueError(f"unknown kbit_linear path {path!r}")
