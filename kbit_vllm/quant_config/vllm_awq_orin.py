@@ -11,13 +11,13 @@ from typing import Any
 import torch
 from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
-from vllm.model_executor.layers.quantization.utils.quant_utils import is_layer_skipped
 
 from ..formats import AWQ_GROUP_SIZES
 from .vllm_kbit import checkpoint_tensor_names, is_moe_layer, moe_not_implemented
+from .vllm_skip import SkipListsMixin
 
 
-class AwqOrinConfig(QuantizationConfig):
+class AwqOrinConfig(SkipListsMixin, QuantizationConfig):
     """AutoAWQ GEMM layout: 4 bits, zero points, group size 32 / 64 / 128."""
 
     def __init__(self, group_size: int = 128, modules_to_not_convert: list[str] | None = None,
@@ -78,21 +78,13 @@ class AwqOrinConfig(QuantizationConfig):
             plain = {n[: -len(".weight")] for n in names if n.endswith(".weight")}
             self.unquantized_in_checkpoint = sorted(plain - quantized)
 
-    def apply_vllm_mapper(self, hf_to_vllm_mapper: Any) -> None:
-        if self.modules_to_not_convert:
-            self.modules_to_not_convert = hf_to_vllm_mapper.apply_list(self.modules_to_not_convert)
-        if self.unquantized_in_checkpoint:
-            self.unquantized_in_checkpoint = hf_to_vllm_mapper.apply_list(self.unquantized_in_checkpoint)
-
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase | None:
         from ..layers.vllm_linear import AwqOrinLinearMethod
 
         if isinstance(layer, LinearBase):
-            skip = (self.modules_to_not_convert and is_layer_skipped(
-                prefix, self.modules_to_not_convert, self.packed_modules_mapping, match_mode="substring")) or (
-                self.unquantized_in_checkpoint and is_layer_skipped(
-                    prefix, self.unquantized_in_checkpoint, self.packed_modules_mapping, match_mode="exact"))
-            return UnquantizedLinearMethod() if skip else AwqOrinLinearMethod(self.group_size, prefix)
+            if self.is_skipped(prefix):
+                return UnquantizedLinearMethod()
+            return AwqOrinLinearMethod(self.group_size, prefix)
         if is_moe_layer(layer):
             raise moe_not_implemented("awq_orin", prefix)
         return None

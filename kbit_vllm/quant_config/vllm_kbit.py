@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
-from vllm.model_executor.layers.quantization.utils.quant_utils import is_layer_skipped
 
 from ..formats import check_bits, check_codebook, normal_float_codebook
+from .vllm_skip import SkipListsMixin
 
 PACKED_SUFFIX = ".weight_packed"
 ABSMAX_SUFFIX = ".weight_absmax"
@@ -74,7 +74,7 @@ def is_moe_layer(layer: torch.nn.Module) -> bool:
     return isinstance(_Moe, type) and isinstance(layer, _Moe)
 
 
-class KbitConfig(QuantizationConfig):
+class KbitConfig(SkipListsMixin, QuantizationConfig):
     """Config for kbit; picklable (plain Python fields) so it travels to engine core and workers."""
 
     def __init__(self, bits: int = 4, codebook: list[float] | None = None,
@@ -136,19 +136,6 @@ class KbitConfig(QuantizationConfig):
             quantized = {n[: -len(PACKED_SUFFIX)] for n in names if n.endswith(PACKED_SUFFIX)}
             plain = {n[: -len(".weight")] for n in names if n.endswith(".weight")}
             self.unquantized_in_checkpoint = sorted(plain - quantized)
-
-    def apply_vllm_mapper(self, hf_to_vllm_mapper: Any) -> None:
-        if self.modules_to_not_convert:
-            self.modules_to_not_convert = hf_to_vllm_mapper.apply_list(self.modules_to_not_convert)
-        if self.unquantized_in_checkpoint:
-            self.unquantized_in_checkpoint = hf_to_vllm_mapper.apply_list(self.unquantized_in_checkpoint)
-
-    def is_skipped(self, prefix: str) -> bool:
-        if self.modules_to_not_convert and is_layer_skipped(
-                prefix, self.modules_to_not_convert, self.packed_modules_mapping, match_mode="substring"):
-            return True
-        return bool(self.unquantized_in_checkpoint) and is_layer_skipped(
-            prefix, self.unquantized_in_checkpoint, self.packed_modules_mapping, match_mode="exact")
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase | None:
         from ..layers.vllm_linear import KbitLinearMethod, KbitOnlineLinearMethod

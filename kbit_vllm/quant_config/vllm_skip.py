@@ -1,0 +1,51 @@
+"""Which linear layers stay unquantized, shared by the vLLM "kbit" and "awq_orin" configs.
+
+Our own matcher instead of vLLM's is_layer_skipped, whose signature changed across the
+supported versions (0.25.1 has no match_mode). A fused layer (qkv_proj, gate_up_proj) is
+skipped when its checkpoint shards are; shards that disagree are an error, since one fused
+weight cannot be half quantized.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _shard_prefixes(prefix: str, packed_modules_mapping: dict[str, list[str]]) -> list[str]:
+    head, _, last = prefix.rpartition(".")
+    shards = packed_modules_mapping.get(last)
+    if not shards:
+        return [prefix]
+    return [f"{head}.{s}" if head else s for s in shards]
+
+
+def layer_skipped(prefix: str, names: list[str], packed_modules_mapping: dict[str, list[str]],
+                  exact: bool) -> bool:
+    """True if the layer at prefix matches names (exact module names, or substrings)."""
+    if not names:
+        return False
+    hits = [(p in names) if exact else any(n in p for n in names)
+            for p in _shard_prefixes(prefix, packed_modules_mapping)]
+    if any(hits) and not all(hits):
+        raise ValueError(f"layer {prefix}: its fused shards are partly unquantized ({names}); "
+                         "a fused layer must be quantized or skipped as a whole")
+    return all(hits)
+
+
+class SkipListsMixin:
+    """modules_to_not_convert (substrings) + unquantized_in_checkpoint (exact names)."""
+
+    modules_to_not_convert: list[str]
+    unquantized_in_checkpoint: list[str]
+    packed_modules_mapping: dict[str, list[str]]
+
+    def apply_vllm_mapper(self, hf_to_vllm_mapper: Any) -> None:
+        if self.modules_to_not_convert:
+            self.modules_to_not_convert = hf_to_vllm_mapper.apply_list(self.modules_to_not_convert)
+        if self.unquantized_in_checkpoint:
+            self.unquantized_in_checkpoint = hf_to_vllm_mapper.apply_list(self.unquantized_in_checkpoint)
+
+    def is_skipped(self, prefix: str) -> bool:
+        mapping = getattr(self, "packed_modules_mapping", None) or {}
+        return (layer_skipped(prefix, self.modules_to_not_convert or [], mapping, exact=False)
+                or layer_skipped(prefix, self.unquantized_in_checkpoint or [], mapping, exact=True))
