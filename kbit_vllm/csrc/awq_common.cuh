@@ -68,4 +68,55 @@ template <typename T> __device__ __forceinline__ T from_f(float v);
 template <> __device__ __forceinline__ half from_f<half>(float v) { return __float2half_rn(v); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
+// Scale and bias pairs of one column group (8 outputs) in one group of inputs: 32 bytes at
+// sz + ((g * out) + 8c) * 2, as (s01, b01, s23, b23) (s45, b45, s67, b67).
+template <typename T>
+__device__ __forceinline__ void load_pair_scales(const T* __restrict__ szp, typename Vec2<T>::type (&s2)[4],
+                                                 typename Vec2<T>::type (&b2)[4]) {
+    using T2 = typename Vec2<T>::type;
+    const int4 sa = __ldg(reinterpret_cast<const int4*>(szp));
+    const int4 sb = __ldg(reinterpret_cast<const int4*>(szp) + 1);
+    const T2* sv = reinterpret_cast<const T2*>(&sa);
+    const T2* sw = reinterpret_cast<const T2*>(&sb);
+    s2[0] = sv[0]; s2[1] = sv[2]; s2[2] = sw[0]; s2[3] = sw[2];
+    b2[0] = sv[1]; b2[1] = sv[3]; b2[2] = sw[1]; b2[3] = sw[3];
+}
+
+// One thread's 16-byte load (4 inputs of one column group) -> w[t][j] = pair j (outputs 2j, 2j+1)
+// of input t, dequantized as q * s + b.
+template <typename T>
+__device__ __forceinline__ void dequant_quad(const int4& wv, const typename Vec2<T>::type (&s2)[4],
+                                             const typename Vec2<T>::type (&b2)[4],
+                                             typename Vec2<T>::type (&w)[4][4]) {
+    using T2 = typename Vec2<T>::type;
+    const uint32_t words[4] = {static_cast<uint32_t>(wv.x), static_cast<uint32_t>(wv.y),
+                               static_cast<uint32_t>(wv.z), static_cast<uint32_t>(wv.w)};
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        T2 q[4];
+        unpack_pairs<T>(words[t], q);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) w[t][j] = __hfma2(q[j], s2[j], b2[j]);
+    }
+}
+
+// Store dequant_quad's result as 8 rows (outputs) of 4 consecutive inputs: row o at
+// dst + o * row_stride, one 8-byte store per row.
+template <typename T>
+__device__ __forceinline__ void store_quad_rows(const typename Vec2<T>::type (&w)[4][4], T* dst, size_t row_stride) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        T lo[4], hi[4];  // outputs 2j and 2j+1 over the 4 inputs
+#pragma unroll
+        for (int t = 0; t < 4; ++t) { lo[t] = w[t][j].x; hi[t] = w[t][j].y; }
+        *reinterpret_cast<uint2*>(dst + (2 * j) * row_stride) = *reinterpret_cast<const uint2*>(lo);
+        *reinterpret_cast<uint2*>(dst + (2 * j + 1) * row_stride) = *reinterpret_cast<const uint2*>(hi);
+    }
+}
+
+// Offset of column group c's scale pairs for input k in the resident sz [in/group, out, 2].
+__device__ __forceinline__ size_t pair_scale_offset(int k, int group, int out, int c) {
+    return (static_cast<size_t>(k / group) * out + c * 8) * 2;
+}
+
 }  // namespace awq

@@ -12,31 +12,10 @@ __global__ void dequant_kernel(const int4* __restrict__ wq, const T* __restrict_
     const long long idx = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (idx >= static_cast<long long>(out / 8) * quads) return;
     const int c = static_cast<int>(idx / quads), kq = static_cast<int>(idx % quads), k0 = kq * 4;
-    const int4 wv = __ldg(wq + idx);
-    const int4* szp = reinterpret_cast<const int4*>(sz + (static_cast<size_t>(k0 / group) * out + c * 8) * 2);
-    const int4 sa = __ldg(szp), sb = __ldg(szp + 1);
-    const T2* sv = reinterpret_cast<const T2*>(&sa);
-    const T2* sw = reinterpret_cast<const T2*>(&sb);
-    const T2 s2[4] = {sv[0], sv[2], sw[0], sw[2]};
-    const T2 b2[4] = {sv[1], sv[3], sw[1], sw[3]};
-    const uint32_t words[4] = {static_cast<uint32_t>(wv.x), static_cast<uint32_t>(wv.y),
-                               static_cast<uint32_t>(wv.z), static_cast<uint32_t>(wv.w)};
-    T2 w[4][4];
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
-        T2 q[4];
-        unpack_pairs<T>(words[t], q);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) w[t][j] = __hfma2(q[j], s2[j], b2[j]);
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        T lo[4], hi[4];
-#pragma unroll
-        for (int t = 0; t < 4; ++t) { lo[t] = w[t][j].x; hi[t] = w[t][j].y; }
-        *reinterpret_cast<uint2*>(w_out + static_cast<size_t>(c * 8 + 2 * j) * in + k0) = *reinterpret_cast<const uint2*>(lo);
-        *reinterpret_cast<uint2*>(w_out + static_cast<size_t>(c * 8 + 2 * j + 1) * in + k0) = *reinterpret_cast<const uint2*>(hi);
-    }
+    T2 s2[4], b2[4], w[4][4];
+    load_pair_scales<T>(sz + pair_scale_offset(k0, group, out, c), s2, b2);
+    dequant_quad<T>(__ldg(wq + idx), s2, b2, w);
+    store_quad_rows<T>(w, w_out + static_cast<size_t>(c) * 8 * in + k0, static_cast<size_t>(in));
 }
 
 template <typename T>

@@ -38,22 +38,9 @@ gemv_kernel(const T* __restrict__ x, const int4* __restrict__ wq, const T* __res
         for (int kq = wi * 32 + lane; kq < quads; kq += wpo * 32) {
             const int4 wv = load_stream(wrow + kq);
             const int k0 = kq * 4;
-            const int4* szp = reinterpret_cast<const int4*>(sz + (static_cast<size_t>(k0 / group) * out + c * 8) * 2);
-            const int4 sa = __ldg(szp), sb = __ldg(szp + 1);
-            const T2* sv = reinterpret_cast<const T2*>(&sa);  // s01 b01 s23 b23
-            const T2* sw = reinterpret_cast<const T2*>(&sb);  // s45 b45 s67 b67
-            const T2 s2[4] = {sv[0], sv[2], sw[0], sw[2]};
-            const T2 b2[4] = {sv[1], sv[3], sw[1], sw[3]};
-            T2 w[4][4];
-            const uint32_t words[4] = {static_cast<uint32_t>(wv.x), static_cast<uint32_t>(wv.y),
-                                       static_cast<uint32_t>(wv.z), static_cast<uint32_t>(wv.w)};
-#pragma unroll
-            for (int t = 0; t < 4; ++t) {
-                T2 q[4];
-                unpack_pairs<T>(words[t], q);
-#pragma unroll
-                for (int j = 0; j < 4; ++j) w[t][j] = __hfma2(q[j], s2[j], b2[j]);
-            }
+            T2 s2[4], b2[4], w[4][4];
+            load_pair_scales<T>(sz + pair_scale_offset(k0, group, out, c), s2, b2);
+            dequant_quad<T>(wv, s2, b2, w);
 #pragma unroll
             for (int m = 0; m < M; ++m) {
                 const uint2 xr = __ldg(reinterpret_cast<const uint2*>(x + static_cast<size_t>(m) * in + k0));

@@ -40,34 +40,14 @@ template <> __device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&c)[4
 }
 
 // Dequantize one thread's 4 words (column group c, inputs k..k+3) into W[8c'..8c'+7][k'..k'+3].
+// Dequantize one thread's 4 words (column group c, inputs k..k+3) into W[8c'..8c'+7][k'..k'+3].
 template <typename T>
 __device__ __forceinline__ void dequant_to_smem(const int4& wv, const T* __restrict__ szp, T* w_s, int c_local, int k_local) {
     using T2 = typename Vec2<T>::type;
-    const int4 sa = __ldg(reinterpret_cast<const int4*>(szp));
-    const int4 sb = __ldg(reinterpret_cast<const int4*>(szp) + 1);
-    const T2* sv = reinterpret_cast<const T2*>(&sa);
-    const T2* sw = reinterpret_cast<const T2*>(&sb);
-    const T2 s2[4] = {sv[0], sv[2], sw[0], sw[2]};
-    const T2 b2[4] = {sv[1], sv[3], sw[1], sw[3]};
-    const uint32_t words[4] = {static_cast<uint32_t>(wv.x), static_cast<uint32_t>(wv.y),
-                               static_cast<uint32_t>(wv.z), static_cast<uint32_t>(wv.w)};
-    T lo[4][4], hi[4][4];  // [pair j][input t]
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
-        T2 q[4];
-        unpack_pairs<T>(words[t], q);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const T2 w = __hfma2(q[j], s2[j], b2[j]);
-            lo[j][t] = w.x;
-            hi[j][t] = w.y;
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        *reinterpret_cast<uint2*>(w_s + (c_local * 8 + 2 * j) * kLd + k_local) = *reinterpret_cast<const uint2*>(lo[j]);
-        *reinterpret_cast<uint2*>(w_s + (c_local * 8 + 2 * j + 1) * kLd + k_local) = *reinterpret_cast<const uint2*>(hi[j]);
-    }
+    T2 s2[4], b2[4], w[4][4];
+    load_pair_scales<T>(szp, s2, b2);
+    dequant_quad<T>(wv, s2, b2, w);
+    store_quad_rows<T>(w, w_s + c_local * 8 * kLd + k_local, kLd);
 }
 
 template <typename T, int BM>
@@ -106,8 +86,8 @@ mma_kernel(const T* __restrict__ x, const int32_t* __restrict__ wq, const T* __r
     };
     auto store_w = [&](int stage, int kt, const int4& wv) {
         if (c_ok) {
-            const T* szp = sz + (static_cast<size_t>((kt * kBK + k_local) / group) * out + c_global * 8) * 2;
-            dequant_to_smem<T>(wv, szp, w_s[stage], c_local, k_local);
+            dequant_to_smem<T>(wv, sz + pair_scale_offset(kt * kBK + k_local, group, out, c_global), w_s[stage],
+                               c_local, k_local);
         } else {
             const uint2 z = make_uint2(0, 0);
 #pragma unroll

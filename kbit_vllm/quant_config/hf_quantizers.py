@@ -109,9 +109,43 @@ class KbitQuantizeOp(ConversionOps):
         raise NotImplementedError("kbit: quantization is not reversible; kbit modules save their own format")
 
 
-class KbitHfQuantizer(HfQuantizer):
+class _WeightOnlyQuantizer(HfQuantizer):
+    """What the kbit and awq_orin quantizers share: device map, dtype and capability answers."""
+
+    METHOD = ""
+    DEFAULT_DTYPE = torch.bfloat16
+    dtype: torch.dtype | None = None
+
+    def validate_environment(self, *args: Any, **kwargs: Any) -> None:
+        _check_device_map(self.METHOD, kwargs.get("device_map"))
+
+    def update_device_map(self, device_map: dict[str, Any] | None) -> dict[str, Any] | None:
+        if device_map is None and torch.cuda.is_available():
+            return {"": torch.cuda.current_device()}
+        return device_map
+
+    def update_dtype(self, dtype: torch.dtype | None) -> torch.dtype:
+        if dtype is None:
+            dtype = self.DEFAULT_DTYPE
+        if dtype not in _FLOAT_DTYPES:
+            raise ValueError(f"{self.METHOD}: model dtype must be one of {_FLOAT_DTYPES}, got {dtype}")
+        self.dtype = dtype
+        return dtype
+
+    @property
+    def is_trainable(self) -> bool:
+        return False
+
+    @property
+    def is_compileable(self) -> bool:
+        return True
+
+
+class KbitHfQuantizer(_WeightOnlyQuantizer):
     """Quantizes float checkpoints to kbit while loading, and loads saved kbit checkpoints."""
 
+    METHOD = "kbit"
+    DEFAULT_DTYPE = torch.bfloat16
     requires_calibration = False
     quantization_config: KbitConfig
 
@@ -129,22 +163,6 @@ class KbitHfQuantizer(HfQuantizer):
             self._codebooks[key] = (normal_float_codebook(self.quantization_config.bits, device) if cb is None
                                     else torch.tensor(cb, dtype=torch.float32, device=device))
         return self._codebooks[key]
-
-    def validate_environment(self, *args: Any, **kwargs: Any) -> None:
-        _check_device_map("kbit", kwargs.get("device_map"))
-
-    def update_device_map(self, device_map: dict[str, Any] | None) -> dict[str, Any] | None:
-        if device_map is None and torch.cuda.is_available():
-            return {"": torch.cuda.current_device()}
-        return device_map
-
-    def update_dtype(self, dtype: torch.dtype | None) -> torch.dtype:
-        if dtype is None:
-            dtype = torch.bfloat16
-        if dtype not in _FLOAT_DTYPES:
-            raise ValueError(f"kbit: model dtype must be one of {_FLOAT_DTYPES}, got {dtype}")
-        self.dtype = dtype
-        return dtype
 
     def _process_model_before_weight_loading(self, model: nn.Module, **kwargs: Any) -> None:
         qc = self.quantization_config
@@ -195,18 +213,13 @@ class KbitHfQuantizer(HfQuantizer):
     def is_serializable(self, *args: Any, **kwargs: Any) -> bool:
         return True
 
-    @property
-    def is_trainable(self) -> bool:
-        return False
-
-    @property
-    def is_compileable(self) -> bool:
-        return True
 
 
-class AwqOrinHfQuantizer(HfQuantizer):
+class AwqOrinHfQuantizer(_WeightOnlyQuantizer):
     """Runs AutoAWQ "gemm" checkpoints on kbit_vllm's awq ops (see AwqOrinConfig for how to select it)."""
 
+    METHOD = "awq_orin"
+    DEFAULT_DTYPE = torch.float16
     requires_calibration = True
     quantization_config: AwqOrinConfig
 
@@ -216,22 +229,6 @@ class AwqOrinHfQuantizer(HfQuantizer):
                              "use KbitConfig to quantize while loading")
         super().__init__(quantization_config, **kwargs)
         self.dtype: torch.dtype | None = None
-
-    def validate_environment(self, *args: Any, **kwargs: Any) -> None:
-        _check_device_map("awq_orin", kwargs.get("device_map"))
-
-    def update_device_map(self, device_map: dict[str, Any] | None) -> dict[str, Any] | None:
-        if device_map is None and torch.cuda.is_available():
-            return {"": torch.cuda.current_device()}
-        return device_map
-
-    def update_dtype(self, dtype: torch.dtype | None) -> torch.dtype:
-        if dtype is None:
-            dtype = torch.float16
-        if dtype not in _FLOAT_DTYPES:
-            raise ValueError(f"awq_orin: model dtype must be one of {_FLOAT_DTYPES}, got {dtype}")
-        self.dtype = dtype
-        return dtype
 
     def _process_model_before_weight_loading(self, model: nn.Module, **kwargs: Any) -> None:
         qc = self.quantization_config
@@ -262,13 +259,6 @@ class AwqOrinHfQuantizer(HfQuantizer):
                        "keep the original AWQ checkpoint")
         return False
 
-    @property
-    def is_trainable(self) -> bool:
-        return False
-
-    @property
-    def is_compileable(self) -> bool:
-        return True
 
 
 def _install_awq_override() -> None:

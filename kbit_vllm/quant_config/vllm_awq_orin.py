@@ -13,11 +13,11 @@ from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMetho
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 
 from ..formats import AWQ_GROUP_SIZES
+from .vllm_common import ConfigCommon
 from .vllm_kbit import checkpoint_tensor_names, is_moe_layer, moe_not_implemented
-from .vllm_skip import SkipListsMixin
 
 
-class AwqOrinConfig(SkipListsMixin, QuantizationConfig):
+class AwqOrinConfig(ConfigCommon, QuantizationConfig):
     """AutoAWQ GEMM layout: 4 bits, zero points, group size 32 / 64 / 128."""
 
     def __init__(self, group_size: int = 128, modules_to_not_convert: list[str] | None = None,
@@ -41,14 +41,6 @@ class AwqOrinConfig(SkipListsMixin, QuantizationConfig):
     @classmethod
     def get_name(cls) -> str:
         return "awq_orin"
-
-    @classmethod
-    def get_supported_act_dtypes(cls) -> list[torch.dtype]:
-        return [torch.float16, torch.bfloat16, torch.float32]
-
-    @classmethod
-    def get_min_capability(cls) -> int:
-        return 75
 
     @staticmethod
     def get_config_filenames() -> list[str]:
@@ -74,9 +66,7 @@ class AwqOrinConfig(SkipListsMixin, QuantizationConfig):
         """Layers stored with a plain `.weight` (no `.qweight`) stay unquantized, as in AutoAWQ."""
         names = checkpoint_tensor_names(model_name, revision)
         if names:
-            quantized = {n[: -len(".qweight")] for n in names if n.endswith(".qweight")}
-            plain = {n[: -len(".weight")] for n in names if n.endswith(".weight")}
-            self.unquantized_in_checkpoint = sorted(plain - quantized)
+            self.note_unquantized_layers(names, ".qweight")
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase | None:
         from ..layers.vllm_linear import AwqOrinLinearMethod

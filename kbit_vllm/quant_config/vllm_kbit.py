@@ -22,7 +22,7 @@ from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMetho
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 
 from ..formats import check_bits, check_codebook, normal_float_codebook
-from .vllm_skip import SkipListsMixin
+from .vllm_common import ConfigCommon
 
 PACKED_SUFFIX = ".weight_packed"
 ABSMAX_SUFFIX = ".weight_absmax"
@@ -74,7 +74,7 @@ def is_moe_layer(layer: torch.nn.Module) -> bool:
     return isinstance(_Moe, type) and isinstance(layer, _Moe)
 
 
-class KbitConfig(SkipListsMixin, QuantizationConfig):
+class KbitConfig(ConfigCommon, QuantizationConfig):
     """Config for kbit; picklable (plain Python fields) so it travels to engine core and workers."""
 
     def __init__(self, bits: int = 4, codebook: list[float] | None = None,
@@ -97,14 +97,6 @@ class KbitConfig(SkipListsMixin, QuantizationConfig):
     @classmethod
     def get_name(cls) -> str:
         return "kbit"
-
-    @classmethod
-    def get_supported_act_dtypes(cls) -> list[torch.dtype]:
-        return [torch.float16, torch.bfloat16, torch.float32]
-
-    @classmethod
-    def get_min_capability(cls) -> int:
-        return 75
 
     @staticmethod
     def get_config_filenames() -> list[str]:
@@ -133,9 +125,7 @@ class KbitConfig(SkipListsMixin, QuantizationConfig):
         if self.prequantized is None:
             self.prequantized = bool(names) and any(n.endswith(PACKED_SUFFIX) for n in names)
         if self.prequantized and names:
-            quantized = {n[: -len(PACKED_SUFFIX)] for n in names if n.endswith(PACKED_SUFFIX)}
-            plain = {n[: -len(".weight")] for n in names if n.endswith(".weight")}
-            self.unquantized_in_checkpoint = sorted(plain - quantized)
+            self.note_unquantized_layers(names, PACKED_SUFFIX)
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase | None:
         from ..layers.vllm_linear import KbitLinearMethod, KbitOnlineLinearMethod

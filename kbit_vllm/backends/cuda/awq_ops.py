@@ -21,8 +21,10 @@ from ...formats import awq as awq_fmt
 from .library import LIB, check, device_supported
 
 # (largest M for the GEMV kernel, largest M for the MMA kernel) per compute capability, from
-# benchmarks/bench_awq.py on the H200 (benchmarks/RESULTS.md); other archs use the sm_90 row.
-DISPATCH = {90: (8, 64)}
+# benchmarks/bench_awq.py on the H200 (benchmarks/RESULTS.md): summed over the Llama shapes GEMV
+# wins at M=4 and MMA at M=8 (the GEMV grows with M, the MMA is flat), so the switch sits between;
+# dequant + cuBLAS wins past M=64. Other archs use the sm_90 row.
+DISPATCH = {90: (6, 64)}
 _SUFFIX = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 

@@ -1,4 +1,5 @@
-"""Which linear layers stay unquantized, shared by the vLLM "kbit" and "awq_orin" configs.
+"""What the vLLM "kbit" and "awq_orin" configs share: which linear layers stay unquantized, and
+the activation dtypes / capability they declare.
 
 Our own matcher instead of vLLM's is_layer_skipped, whose signature changed across the
 supported versions (0.25.1 has no match_mode). A fused layer (qkv_proj, gate_up_proj) is
@@ -9,6 +10,8 @@ weight cannot be half quantized.
 from __future__ import annotations
 
 from typing import Any
+
+import torch
 
 
 def _shard_prefixes(prefix: str, packed_modules_mapping: dict[str, list[str]]) -> list[str]:
@@ -32,12 +35,26 @@ def layer_skipped(prefix: str, names: list[str], packed_modules_mapping: dict[st
     return all(hits)
 
 
-class SkipListsMixin:
-    """modules_to_not_convert (substrings) + unquantized_in_checkpoint (exact names)."""
+class ConfigCommon:
+    """Mixin: modules_to_not_convert (substrings) + unquantized_in_checkpoint (exact names)."""
 
     modules_to_not_convert: list[str]
     unquantized_in_checkpoint: list[str]
     packed_modules_mapping: dict[str, list[str]]
+
+    @classmethod
+    def get_supported_act_dtypes(cls) -> list[torch.dtype]:
+        return [torch.float16, torch.bfloat16, torch.float32]
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return 75
+
+    def note_unquantized_layers(self, names: list[str], quantized_suffix: str) -> None:
+        """Layers stored with a plain `.weight` and no `<layer><quantized_suffix>` stay float."""
+        quantized = {n[: -len(quantized_suffix)] for n in names if n.endswith(quantized_suffix)}
+        plain = {n[: -len(".weight")] for n in names if n.endswith(".weight")}
+        self.unquantized_in_checkpoint = sorted(plain - quantized)
 
     def apply_vllm_mapper(self, hf_to_vllm_mapper: Any) -> None:
         if self.modules_to_not_convert:

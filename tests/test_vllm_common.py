@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kbit_vllm.quant_config.vllm_skip import layer_skipped
+from kbit_vllm.quant_config.vllm_common import layer_skipped
 
 MAPPING = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 
