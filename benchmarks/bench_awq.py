@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_kbit import LLAMA, MS, SEED_DENSE, fmt, hbm_bandwidth, make_tinygemm, n_copies, time_graph  # noqa: E402
+from bench_kbit import LLAMA, MS, SEED_DENSE, fmt, make_tinygemm, n_copies, start_run, time_graph  # noqa: E402
 
 from kbit_vllm import ops  # noqa: E402
 from kbit_vllm.backends.cuda import awq_ops  # noqa: E402
@@ -82,10 +82,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer weight copies")
     ap.add_argument("--ms", default=None)
     args = ap.parse_args()
-    torch.manual_seed(0)
-    bw = hbm_bandwidth()
-    dev = torch.cuda.get_device_name()
-    print(f"# {dev}, HBM copy bandwidth {bw / 1e12:.2f} TB/s, torch {torch.__version__}")
+    bw, dev = start_run()
     ms = [int(v) for v in args.ms.split(",")] if args.ms else MS
     rows: list[dict] = []
     t0 = time.time()

@@ -50,6 +50,15 @@ def hbm_bandwidth() -> float:
     return 2 * (1 << 30) / statistics.median(ts[2:])
 
 
+def start_run() -> tuple[float, str]:
+    """Seed, measure HBM bandwidth and print the run header; returns (bytes/s, device name)."""
+    torch.manual_seed(0)
+    bw = hbm_bandwidth()
+    dev = torch.cuda.get_device_name()
+    print(f"# {dev}, HBM copy bandwidth {bw / 1e12:.2f} TB/s, torch {torch.__version__}")
+    return bw, dev
+
+
 def time_graph(calls, reps: int = 7) -> float:
     """Median microseconds per call over graph replays of [calls]."""
     s = torch.cuda.Stream()
@@ -190,10 +199,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="k=4 only, fewer copies")
     ap.add_argument("--ms", default=None)
     args = ap.parse_args()
-    torch.manual_seed(0)
-    bw = hbm_bandwidth()
-    dev = torch.cuda.get_device_name()
-    print(f"# {dev}, HBM copy bandwidth {bw / 1e12:.2f} TB/s, torch {torch.__version__}")
+    bw, dev = start_run()
     ks = [4] if args.quick else KS
     ms = [int(v) for v in args.ms.split(",")] if args.ms else MS
     rows: list[dict] = []

@@ -151,7 +151,6 @@ class KbitHfQuantizer(_WeightOnlyQuantizer):
 
     def __init__(self, quantization_config: KbitConfig, **kwargs: Any) -> None:
         super().__init__(quantization_config, **kwargs)
-        self.dtype: torch.dtype | None = None
         self.n_quantized = 0
         self._codebooks: dict[str, torch.Tensor] = {}
 
@@ -214,7 +213,6 @@ class KbitHfQuantizer(_WeightOnlyQuantizer):
         return True
 
 
-
 class AwqOrinHfQuantizer(_WeightOnlyQuantizer):
     """Runs AutoAWQ "gemm" checkpoints on kbit_vllm's awq ops (see AwqOrinConfig for how to select it)."""
 
@@ -228,7 +226,6 @@ class AwqOrinHfQuantizer(_WeightOnlyQuantizer):
             raise ValueError("awq_orin serves existing AutoAWQ checkpoints and cannot quantize a float model; "
                              "use KbitConfig to quantize while loading")
         super().__init__(quantization_config, **kwargs)
-        self.dtype: torch.dtype | None = None
 
     def _process_model_before_weight_loading(self, model: nn.Module, **kwargs: Any) -> None:
         qc = self.quantization_config
