@@ -5,39 +5,17 @@
 // sums to a torch-allocated workspace [splits, M, out]; awq_splitk_reduce sums them in a fixed
 // order (deterministic), adds the bias and converts.
 #include "awq_common.cuh"
+#include "mma_ptx.cuh"
 
 namespace awq {
 
 constexpr int kBN = 128, kBK = 32, kPad = 8, kLd = kBK + kPad;  // smem row stride (elements)
 constexpr int kThreads = 128;                                   // 4 warps, each 32 outputs
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred) {
-    const int n = pred ? 16 : 0;  // n = 0 zero-fills rows past M
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;"); }
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
-}
-
-template <typename T> __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
-template <> __device__ __forceinline__ void mma16816<half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <> __device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+using ptx::cp_async16;
+using ptx::cp_async_commit;
+using ptx::ldmatrix_x4;
+using ptx::mma16816;
 
 // Dequantize one thread's 4 words (column group c, inputs k..k+3) into W[8c'..8c'+7][k'..k'+3].
 // Dequantize one thread's 4 words (column group c, inputs k..k+3) into W[8c'..8c'+7][k'..k'+3].
@@ -109,7 +87,7 @@ mma_kernel(const T* __restrict__ x, const int32_t* __restrict__ wq, const T* __r
     }
     for (int kt = kt_begin; kt < kt_end; ++kt) {
         const int stage = (kt - kt_begin) & 1;
-        cp_async_wait_all();
+        ptx::cp_async_wait<0>();
         __syncthreads();
         const bool more = kt + 1 < kt_end;
         int4 next_w = make_int4(0, 0, 0, 0);
