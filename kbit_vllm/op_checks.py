@@ -112,9 +112,12 @@ def check_grouped(x: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
                   codebook: torch.Tensor, expert_offsets: torch.Tensor, k: int, out_features: int) -> None:
     op = "kbit_grouped_linear"
     check_kbit_linear(x, packed_tiled, absmax_tiled, codebook, None, k, out_features, op, experts=True)
+    check_expert_offsets(x, expert_offsets, packed_tiled.shape[0], op)
+
+
+def check_expert_offsets(x: torch.Tensor, expert_offsets: torch.Tensor, n_exp: int, op: str) -> None:
     require(x.dim() == 2, op, f"x must be 2-D [tokens, in] sorted by expert, got {list(x.shape)}")
     _dtype(expert_offsets, (torch.int32, torch.int64), op, "expert_offsets")
-    n_exp = packed_tiled.shape[0]
     require(tuple(expert_offsets.shape) == (n_exp + 1,), op,
             f"expert_offsets must be [num_experts + 1] = [{n_exp + 1}], got {list(expert_offsets.shape)}")
     _same_device(op, x=x, expert_offsets=expert_offsets)
@@ -138,9 +141,8 @@ def check_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
 
 
 def check_awq_linear(x: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, bias: torch.Tensor | None,
-                     group_size: int, out_features: int) -> None:
+                     group_size: int, out_features: int, op: str = "awq_linear") -> None:
     """Resident AWQ layout: sz is [in/group_size, out, 2] (scale, offset) in x's dtype."""
-    op = "awq_linear"
     require(group_size in AWQ_GROUP_SIZES, op, f"group_size must be one of {AWQ_GROUP_SIZES}, got {group_size}")
     _dtype(x, FLOAT_DTYPES, op, "x")
     require(sz.dim() == 3 and sz.shape[1] == out_features and sz.shape[2] == 2, op,
@@ -154,3 +156,15 @@ def check_awq_linear(x: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, bias: 
         require(bias.dtype == x.dtype, op, f"bias dtype {bias.dtype} must match x dtype {x.dtype}")
         require(tuple(bias.shape) == (out_features,), op, f"bias must be [{out_features}], got {list(bias.shape)}")
     _same_device(op, x=x, wq=wq, sz=sz, bias=bias)
+
+
+def check_awq_grouped(x: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, expert_offsets: torch.Tensor,
+                      group_size: int, out_features: int) -> None:
+    """Stacked resident AWQ layout: wq [E, ...], sz [E, in/group_size, out, 2]."""
+    op = "awq_grouped_linear"
+    require(sz.dim() == 4, op, f"scales_and_offsets must be [E, in/group_size, {out_features}, 2], "
+            f"got {list(sz.shape)}")
+    require(wq.dim() == 3 and wq.shape[0] == sz.shape[0], op,
+            f"wq must be [E={sz.shape[0]}, ...] (awq_repack per expert, stacked), got {list(wq.shape)}")
+    check_awq_linear(x, wq[0], sz[0], None, group_size, out_features, op)
+    check_expert_offsets(x, expert_offsets, sz.shape[0], op)

@@ -35,6 +35,8 @@ _SCHEMAS = {
     "awq_repack": "(Tensor qweight, Tensor qzeros, Tensor scales, int group_size, ScalarType dtype) "
     "-> (Tensor, Tensor)",
     "awq_linear": "(Tensor x, Tensor wq, Tensor sz, Tensor? bias, int group_size, int out_features) -> Tensor",
+    "awq_grouped_linear": "(Tensor x, Tensor wq, Tensor sz, Tensor expert_offsets, int group_size, "
+    "int out_features) -> Tensor",
 }
 
 _lib = torch.library.Library(NS, "DEF")
@@ -110,6 +112,12 @@ def _(x, wq, sz, bias, group_size, out_features):
     return x.new_empty((*x.shape[:-1], out_features))
 
 
+@_fake("awq_grouped_linear")
+def _(x, wq, sz, expert_offsets, group_size, out_features):
+    C.check_awq_grouped(x, wq, sz, expert_offsets, group_size, out_features)
+    return x.new_empty((x.shape[0], out_features))
+
+
 # --- Python entry points: thin, typed wrappers over torch.ops.kbit_vllm ---------------------
 
 _ops = getattr(torch.ops, NS)
@@ -166,3 +174,12 @@ def awq_linear(x: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, bias: torch.
                group_size: int, out_features: int) -> torch.Tensor:
     """y = x @ W^T + bias with W in the resident AWQ layout from awq_repack."""
     return _ops.awq_linear(x, wq, sz, bias, group_size, out_features)
+
+
+def awq_grouped_linear(x: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, expert_offsets: torch.Tensor,
+                       group_size: int, out_features: int) -> torch.Tensor:
+    """MoE: rows expert_offsets[e]:expert_offsets[e+1] of x use expert e's resident AWQ weight.
+
+    wq and sz are awq_repack's outputs stacked over experts: wq [E, *resident], sz [E, G, out, 2].
+    """
+    return _ops.awq_grouped_linear(x, wq, sz, expert_offsets, group_size, out_features)

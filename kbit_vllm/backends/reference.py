@@ -47,19 +47,28 @@ def kbit_linear(x, packed_tiled, absmax_tiled, codebook, bias, k, out_features):
     return F.linear(x, w, bias)
 
 
-def kbit_grouped_linear(x, packed_tiled, absmax_tiled, codebook, expert_offsets, k, out_features):
-    C.check_grouped(x, packed_tiled, absmax_tiled, codebook, expert_offsets, k, out_features)
+def grouped_by_offsets(x: torch.Tensor, expert_offsets: torch.Tensor, out_features: int, op: str,
+                       expert_linear) -> torch.Tensor:
+    """Run expert_linear(e, rows) on each expert's rows; the host reads the offsets (not for graphs)."""
     offs = [int(v) for v in expert_offsets.tolist()]
     C.require(offs[0] == 0 and offs[-1] == x.shape[0] and all(a <= b for a, b in zip(offs[:-1], offs[1:], strict=True)),
-              "kbit_grouped_linear",
-              f"expert_offsets must rise from 0 to tokens={x.shape[0]}, got {offs}")
+              op, f"expert_offsets must rise from 0 to tokens={x.shape[0]}, got {offs}")
     y = x.new_empty((x.shape[0], out_features))
     for e in range(len(offs) - 1):
         lo, hi = offs[e], offs[e + 1]
         if hi > lo:
-            w = dequantize_tiled(packed_tiled[e], absmax_tiled[e], codebook, k, out_features, x.dtype)
-            y[lo:hi] = F.linear(x[lo:hi], w)
+            y[lo:hi] = expert_linear(e, x[lo:hi])
     return y
+
+
+def kbit_grouped_linear(x, packed_tiled, absmax_tiled, codebook, expert_offsets, k, out_features):
+    C.check_grouped(x, packed_tiled, absmax_tiled, codebook, expert_offsets, k, out_features)
+
+    def one(e: int, rows: torch.Tensor) -> torch.Tensor:
+        w = dequantize_tiled(packed_tiled[e], absmax_tiled[e], codebook, k, out_features, x.dtype)
+        return F.linear(rows, w)
+
+    return grouped_by_offsets(x, expert_offsets, out_features, "kbit_grouped_linear", one)
 
 
 def awq_dequantize(qweight, qzeros, scales, group_size):
@@ -93,3 +102,11 @@ def awq_linear(x, wq, sz, bias, group_size, out_features):
     off = sz[..., 1].to(torch.float32)[g]
     w = ((q - 8.0) * s + off).t().to(x.dtype)
     return F.linear(x, w, bias)
+
+
+def awq_grouped_linear(x, wq, sz, expert_offsets, group_size, out_features, expert_linear=None):
+    """Per-expert awq_linear; expert_linear is the device's awq_linear (default: this reference)."""
+    C.check_awq_grouped(x, wq, sz, expert_offsets, group_size, out_features)
+    lin = expert_linear or awq_linear
+    return grouped_by_offsets(x, expert_offsets, out_features, "awq_grouped_linear",
+                              lambda e, rows: lin(rows, wq[e], sz[e], None, group_size, out_features))

@@ -55,3 +55,7 @@ def awq_linear(x, wq, sz, bias, group_size, out_features):
     if bias is not None:
         y = y + bias
     return y.reshape(*x.shape[:-1], out_features)
+
+
+def awq_grouped_linear(x, wq, sz, expert_offsets, group_size, out_features):
+    return ref.awq_grouped_linear(x, wq, sz, expert_offsets, group_size, out_features, awq_linear)

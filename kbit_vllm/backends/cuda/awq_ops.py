@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from ... import op_checks as C
 from ...formats import awq as awq_fmt
+from .. import reference as ref
 from .library import LIB, check, device_supported
 
 # (largest M for the GEMV kernel, largest M for the MMA kernel) per compute capability, from
@@ -102,3 +103,8 @@ def awq_linear(x, wq, sz, bias, group_size, out_features):
     path = choose_path(x2.shape[0], torch.cuda.get_device_capability(x.device))
     y = linear_path(x2, wq, sz, bias.contiguous() if bias is not None else None, group_size, out_features, path)
     return y.reshape(*x.shape[:-1], out_features)
+
+
+def awq_grouped_linear(x, wq, sz, expert_offsets, group_size, out_features):
+    """Per-expert loop over awq_linear until the grouped kernel lands (reads offsets on the host)."""
+    return ref.awq_grouped_linear(x, wq, sz, expert_offsets, group_size, out_features, awq_linear)
