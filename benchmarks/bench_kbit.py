@@ -109,7 +109,8 @@ def bench_shape(name: str, in_f: int, out_f: int, ks: list[int], ms: list[int], 
         for m in ms:
             x = torch.randn(m, in_f, device="cuda", dtype=dt)
             r = {"shape": name, "in": in_f, "out": out_f, "k": k, "M": m}
-            paths = (["gemv"] if m <= dispatch.GEMV_MAX_M else []) + ["mma"] + (["dequant"] if m >= 8 else [])
+            small = m <= dispatch.GEMV_MAX_M
+            paths = (["gemv", "gemv_cluster"] if small else []) + ["mma"] + (["dequant"] if m >= 8 else [])
             for path in paths:
                 def mk(c, path=path, x=x, cb=cb, k=k):
                     return lambda: cuda_ops.linear_path(x, c[0], c[1], cb, None, k, out_f, path)
@@ -167,15 +168,16 @@ def fmt(v) -> str:
 def print_tables(rows: list[dict]) -> None:
     for m in sorted({r["M"] for r in rows}):
         print(f"\n### M = {m} (µs per call; best = fastest of our kernels)\n")
-        print("| shape (in x out) | k | gemv | mma | dequant+cuBLAS | op | cuBLAS fp16 | tinygemm int4 | best "
-              "| vs fp16 | floor | best/floor |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        print("| shape (in x out) | k | gemv | gemv (cluster) | mma | dequant+cuBLAS | op | cuBLAS fp16 "
+              "| tinygemm int4 | best | vs fp16 | floor | best/floor |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             if r["M"] != m:
                 continue
-            best = min(r[p] for p in ("gemv", "mma", "dequant") if p in r)
+            best = min(r[p] for p in ("gemv", "gemv_cluster", "mma", "dequant") if p in r)
             r["best"] = best
-            print(f"| {r['shape']} {r['in']}x{r['out']} | {r['k']} | {fmt(r.get('gemv'))} | {fmt(r.get('mma'))} | "
+            print(f"| {r['shape']} {r['in']}x{r['out']} | {r['k']} | {fmt(r.get('gemv'))} | "
+                  f"{fmt(r.get('gemv_cluster'))} | {fmt(r.get('mma'))} | "
                   f"{fmt(r.get('dequant'))} | {fmt(r['op'])} | {fmt(r['cublas_fp16'])} | "
                   f"{fmt(r.get('tinygemm_int4'))} | {best:.1f} | {r['cublas_fp16'] / best:.2f}x | "
                   f"{r['floor']:.1f} | {best / r['floor']:.2f} |")
@@ -198,13 +200,19 @@ def main() -> None:
     ap.add_argument("--json", default="bench_kbit.json")
     ap.add_argument("--quick", action="store_true", help="k=4 only, fewer copies")
     ap.add_argument("--ms", default=None)
+    ap.add_argument("--ks", default=None, help="comma-separated bit widths (default 2,3,4,5)")
+    ap.add_argument("--shapes", default=None, help="comma-separated shape names (default all)")
     args = ap.parse_args()
     bw, dev = start_run()
     ks = [4] if args.quick else KS
+    if args.ks:
+        ks = [int(v) for v in args.ks.split(",")]
     ms = [int(v) for v in args.ms.split(",")] if args.ms else MS
     rows: list[dict] = []
     t0 = time.time()
     for name, in_f, out_f in SEED_DENSE + LLAMA:
+        if args.shapes and name not in args.shapes.split(","):
+            continue
         rows += bench_shape(name, in_f, out_f, ks, ms, bw, args.quick)
         print(f"# {name} done at {time.time() - t0:.0f}s", flush=True)
     print_tables(rows)

@@ -25,6 +25,11 @@ template <typename T>
 int launch_gemv(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int k, int M,
                 int N, int nb, void* y, int rgpc, int wk, int splits, cudaStream_t s);
 template <typename T>
+int launch_gemv_sk(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int k, int M,
+                   int N, int nb, void* y, int ctas, float* ws, int* counters, cudaStream_t s);
+template <typename T>
+int gemv_sk_ctas_per_sm(int k, int M);
+template <typename T>
 int launch_mma(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int k, int M,
                int N, int nb, void* y, int mb, int splits, float* ws, int* counters, cudaStream_t s);
 }
@@ -81,6 +86,13 @@ KBIT_DEQUANT_API(fp32, float)
         return kbit::launch_gemv<T>(x, pt, at, cb, bias, k, M, N, nb, y, rgpc, wk, splits,                \
                                     static_cast<cudaStream_t>(stream));                                   \
     }                                                                                                     \
+    int kbit_vllm_gemv_sk_##SUFFIX(const void* x, const void* pt, const uint8_t* at, const float* cb,     \
+                                   const void* bias, int k, int M, int N, int nb, void* y, int ctas,      \
+                                   float* ws, int* counters, void* stream) {                              \
+        return kbit::launch_gemv_sk<T>(x, pt, at, cb, bias, k, M, N, nb, y, ctas, ws, counters,           \
+                                       static_cast<cudaStream_t>(stream));                                \
+    }                                                                                                     \
+    int kbit_vllm_gemv_sk_ctas_per_sm_##SUFFIX(int k, int M) { return kbit::gemv_sk_ctas_per_sm<T>(k, M); } \
     int kbit_vllm_mma_##SUFFIX(const void* x, const void* pt, const uint8_t* at, const float* cb,         \
                                const void* bias, int k, int M, int N, int nb, void* y, int mb, int splits, \
                                float* ws, int* counters, void* stream) {                                  \

@@ -7,6 +7,16 @@ buffer and calls torch's matmul (cuBLAS).
 
 from __future__ import annotations
 
+import os
+
+DETERMINISTIC_ENV = "KBIT_VLLM_DETERMINISTIC"
+
+
+def deterministic() -> bool:
+    """KBIT_VLLM_DETERMINISTIC=1: only kernels whose split-K sums run in a fixed order, so the
+    same input gives the same bits (the stream-K GEMV adds its partials with float atomics)."""
+    return os.environ.get(DETERMINISTIC_ENV, "0") not in ("", "0", "false", "False")
+
 # (major, minor) -> (gemv_max_m, mma_max_m)
 THRESHOLDS: dict[tuple[int, int], tuple[int, int]] = {
     # H200, benchmarks/RESULTS.md 2026-11-21 (GEMV/dequant rewrite): summed over the 9 shapes, k=4,

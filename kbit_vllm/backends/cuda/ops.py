@@ -114,6 +114,8 @@ def _scratch(device: torch.device, kind: str, numel: int) -> torch.Tensor:
     size = max(numel, 2 * held[-1].numel() if held else 0, 1 << 16)
     if kind == "counters":
         t = torch.zeros(size, dtype=torch.int32, device=device)
+    elif kind == "accum":  # zeroed fp32 sums, left zeroed by the kernels that use them
+        t = torch.zeros(size, dtype=torch.float32, device=device)
     else:
         t = torch.empty(size, dtype=torch.float32, device=device)
     if not torch.cuda.is_current_stream_capturing():
@@ -146,11 +148,29 @@ def gemv_config(n: int, nb: int, sms: int, cluster: bool) -> tuple[int, int, int
     return rgpc, wk, splits
 
 
+_SK_OCC: dict[tuple[int, int, int, str], int] = {}
+SK_WARPS = 8  # warps per CTA of the stream-K GEMV (csrc/kbit_gemv_sk.cu)
+SK_MIN_UNITS = 2  # (tile, block) units per warp at least, so the table build is amortized
+
+
+def gemv_sk_ctas(dev: torch.device, sfx: str, k: int, m: int, out_features: int, nb: int) -> int:
+    """One wave of the stream-K GEMV: resident CTAs per SM x SMs, fewer for small layers; 0 = not usable."""
+    if k > 4:
+        return 0
+    key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, m, sfx)
+    if key not in _SK_OCC:
+        _SK_OCC[key] = int(getattr(LIB, f"kbit_vllm_gemv_sk_ctas_per_sm_{sfx}")(_i(k), _i(m)))
+    units = ((out_features + 127) // 128) * nb
+    return min(_SK_OCC[key] * _sms(dev), units // (SK_WARPS * SK_MIN_UNITS), units // SK_WARPS)
+
+
 def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch.Tensor, codebook: torch.Tensor,
                 bias: torch.Tensor | None, k: int, out_features: int, path: str) -> torch.Tensor:
     """y [M, out] for a contiguous 2-D fp16/bf16 x through one named kernel path.
 
     Public so tests and benchmarks can exercise every path; kbit_linear picks the path itself.
+    "gemv" is the stream-K table GEMV for k <= 4 where the layer has enough units (outside
+    deterministic mode), else the cluster GEMV, which "gemv_cluster" names directly.
     """
     m, in_f = x2.shape
     nb = in_f // 32
@@ -166,9 +186,18 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
     y = torch.empty((m, out_features), dtype=x2.dtype, device=dev)
     if m == 0:
         return y
-    if path == "gemv":
-        if m > dispatch.GEMV_MAX_M:
-            raise ValueError(f"kbit_linear gemv path takes M <= {dispatch.GEMV_MAX_M}, got {m}")
+    if path in ("gemv", "gemv_cluster") and m > dispatch.GEMV_MAX_M:
+        raise ValueError(f"kbit_linear {path} path takes M <= {dispatch.GEMV_MAX_M}, got {m}")
+    use_sk = path == "gemv" and not dispatch.deterministic()
+    ctas = gemv_sk_ctas(dev, sfx, k, m, out_features, nb) if use_sk else 0
+    if ctas > 0:
+        ws = _scratch(dev, "accum", ((out_features + 127) // 128) * 128 * m)
+        ctr = _scratch(dev, "counters", (out_features + 127) // 128)
+        check(getattr(LIB, f"kbit_vllm_gemv_sk_{sfx}")(
+            _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(bias), _i(k), _i(m),
+            _i(out_features), _i(nb), _ptr(y), _i(ctas), _ptr(ws), _ptr(ctr), stream), "kbit_linear (gemv)")
+        return y
+    if path in ("gemv", "gemv_cluster"):
         rgpc, wk, splits = gemv_config(out_features, nb, _sms(dev), torch.cuda.get_device_capability(dev)[0] >= 9)
         check(getattr(LIB, f"kbit_vllm_gemv_{sfx}")(
             _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(bias), _i(k), _i(m),

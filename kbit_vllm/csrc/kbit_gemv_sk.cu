@@ -1,0 +1,344 @@
+// kbit stream-K GEMV, M = 1..4 rows of x, k = 2..4: y[m, n] = sum_i x[m, i] * W[n, i] (+ bias).
+//
+// Work unit = (tile of 128 rows, one 32-wide input block). The tiled layout stores the units in
+// (tile, block) order, each as k planes of 128 words, so unit u's planes start at word u * 128k.
+// All units are split into equal contiguous ranges, one per warp of a grid that fills the GPU
+// once (stream-K), so every SM gets the same number of units whatever the shape. A lane owns 4
+// rows: it reads one uint4 per plane (rows 4l..4l+3) and one word of absmax per unit, and it
+// prefetches the next unit into registers while it decodes the current one. A pair of codes
+// becomes its table address in one byte permute (the pair byte next to the lane's byte offset,
+// in a table with a 256-byte row per entry), then one shared load and one half2 FMA. x is read
+// straight from global memory (a warp-uniform address, so one L1 transaction per 16 bytes); no
+// staging, no block barrier after the table is built.
+//
+// A warp's range covers at most two partial tiles (its head and its tail) and any number of
+// whole tiles between them. Whole tiles are written directly. Partials are added into a zeroed
+// fp32 accumulator per tile row (vector reductions in L2, no waiting); the last warp to finish a
+// tile (per-tile counter) converts the sums, writes y, and leaves accumulator and counter zero.
+// The order of those fp32 additions varies from run to run, so the low bits of y may too;
+// backends/cuda/dispatch.py picks the cluster GEMV (fixed order) in deterministic mode.
+#include "kbit_lut.cuh"
+
+#include <type_traits>
+
+namespace kbit {
+
+constexpr int kSkWarps = 8;
+constexpr int kSkThreads = kSkWarps * 32;
+constexpr size_t kSkSmem = 256 * 64 * 4;  // wide pair table: one 256-byte row per entry
+
+// First unit of warp w's range [start(w), start(w + 1)).
+__device__ __forceinline__ long long sk_start(long long w, long long units, long long warps) {
+    return w * units / warps;
+}
+// The warp whose range holds unit u (ranges are never empty: the host keeps warps <= units).
+__device__ __forceinline__ long long sk_owner(long long u, long long units, long long warps) {
+    return ((u + 1) * warps - 1) / units;
+}
+
+// E4M4 without a branch: normal codes are the float bits (raw << 19) + (116 << 23); for e = 0
+// that formula gives 2^-11 + m 2^-15, and the subnormal value m 2^-14 is twice the excess.
+__device__ __forceinline__ float decode_e4m4_fast(uint32_t raw) {
+    const float f = __uint_as_float((raw << 19) + (116u << 23));
+    return raw < 16u ? fmaf(f, 2.f, -0x1p-10f) : f;
+}
+
+// Byte offset of the table entry for pair byte i of v (lane column included): one byte permute
+// puts the lane's byte offset (lane * 4 < 256) in byte 0 and pair byte i in byte 1.
+__device__ __forceinline__ uint32_t wide_lut_off(uint32_t v, int i, uint32_t lane4) {
+    return __byte_perm(v, lane4, 0x5504u | (static_cast<uint32_t>(i) << 4));
+}
+
+// Every thread helps fill the [256][64]-word table (columns 0..31 used); caller synchronizes.
+template <int K>
+__device__ __forceinline__ void build_wide_lut(uint32_t* tbl, const float* __restrict__ codebook) {
+    constexpr int kMask = (1 << K) - 1;
+    for (int i = threadIdx.x; i < 256 * 8; i += blockDim.x) {
+        const int e = i >> 3, q = i & 7;
+        const uint32_t w = h2_bits(__floats2half2_rn(__ldg(codebook + (e & kMask)), __ldg(codebook + ((e >> 4) & kMask))));
+        reinterpret_cast<uint4*>(tbl + e * 64)[q] = make_uint4(w, w, w, w);
+    }
+}
+
+// y-row sums: add 4 floats into the tile accumulator in L2 without waiting for the result.
+__device__ __forceinline__ void red_add4(float* dst, float a, float b, float c, float d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(a), "f"(b), "f"(c), "f"(d)
+                 : "memory");
+#else
+    atomicAdd(dst, a);
+    atomicAdd(dst + 1, b);
+    atomicAdd(dst + 2, c);
+    atomicAdd(dst + 3, d);
+#endif
+}
+
+template <int K>
+__device__ __forceinline__ void sk_load(const uint4* __restrict__ P, const uint32_t* __restrict__ A, long long u,
+                                        int lane, uint4 (&p)[K], uint32_t& a) {
+#pragma unroll
+    for (int b = 0; b < K; ++b) p[b] = __ldg(P + (u * K + b) * 32 + lane);
+    a = __ldg(A + u * 32 + lane);
+}
+
+// acc[r][m] += (row 4*lane + r of this unit) . x[m, block j]
+template <typename T, int K, int M>
+__device__ __forceinline__ void sk_unit(const uint4 (&p)[K], uint32_t a, const uint4* __restrict__ xb, int x_stride4,
+                                        const char* tblc, uint32_t lane4, float (&acc)[4][M]) {
+    uint32_t gw[4][4];  // rotr(group word, g): nibble n = code of field n
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        uint32_t wr[K];
+#pragma unroll
+        for (int b = 0; b < K; ++b) wr[b] = r == 0 ? p[b].x : r == 1 ? p[b].y : r == 2 ? p[b].z : p[b].w;
+#pragma unroll
+        for (int g = 0; g < 4; ++g) gw[r][g] = g ? rotr32(group_word<K>(wr, g), g) : group_word<K>(wr, 0);
+    }
+    float s[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) s[r] = decode_e4m4_fast((a >> (8 * r)) & 0xFFu);
+
+    if constexpr (std::is_same<T, half>::value) {
+        // half2 FMA over 8 pairs, then flushed to fp32 times the block scale.
+        half2 hp[4][M];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            uint4 xi[M];
+#pragma unroll
+            for (int m = 0; m < M; ++m) xi[m] = __ldg(xb + m * x_stride4 + i);
+            if (i == 0 || i == 2) {
+#pragma unroll
+                for (int r = 0; r < 4; ++r)
+#pragma unroll
+                    for (int m = 0; m < M; ++m) {
+                        if (i == 2) {
+                            const float2 f = __half22float2(hp[r][m]);
+                            acc[r][m] = fmaf(f.x + f.y, s[r], acc[r][m]);
+                        }
+                        hp[r][m] = __float2half2_rn(0.f);
+                    }
+            }
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+#pragma unroll
+                for (int g = 0; g < 4; ++g) {
+                    const half2 w = *reinterpret_cast<const half2*>(tblc + wide_lut_off(gw[r][g], i, lane4));
+#pragma unroll
+                    for (int m = 0; m < M; ++m) {
+                        const uint32_t xw = g == 0 ? xi[m].x : g == 1 ? xi[m].y : g == 2 ? xi[m].z : xi[m].w;
+                        hp[r][m] = __hfma2(w, bits_h2(xw), hp[r][m]);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+#pragma unroll
+            for (int m = 0; m < M; ++m) {
+                const float2 f = __half22float2(hp[r][m]);
+                acc[r][m] = fmaf(f.x + f.y, s[r], acc[r][m]);
+            }
+    } else {
+        // bf16: table half2 -> float2, x bf16 pair -> float2, fp32 FMA.
+        float part[4][M];
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+#pragma unroll
+            for (int m = 0; m < M; ++m) part[r][m] = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            uint4 xi[M];
+#pragma unroll
+            for (int m = 0; m < M; ++m) xi[m] = __ldg(xb + m * x_stride4 + i);
+#pragma unroll
+            for (int g = 0; g < 4; ++g) {
+                float2 xf[M];
+#pragma unroll
+                for (int m = 0; m < M; ++m)
+                    xf[m] = bf16x2_to_float2(g == 0 ? xi[m].x : g == 1 ? xi[m].y : g == 2 ? xi[m].z : xi[m].w);
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const float2 w =
+                        __half22float2(*reinterpret_cast<const half2*>(tblc + wide_lut_off(gw[r][g], i, lane4)));
+#pragma unroll
+                    for (int m = 0; m < M; ++m) part[r][m] = fmaf(w.y, xf[m].y, fmaf(w.x, xf[m].x, part[r][m]));
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+#pragma unroll
+            for (int m = 0; m < M; ++m) acc[r][m] = fmaf(part[r][m], s[r], acc[r][m]);
+    }
+}
+
+template <typename T, int M>
+__device__ __forceinline__ void sk_store_rows(T* __restrict__ y, const T* __restrict__ bias, int N, int row0,
+                                              const float (&v)[4][M]) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        const int row = row0 + r;
+        if (row < N) {
+            const float bv = bias != nullptr ? to_float(bias[row]) : 0.f;
+#pragma unroll
+            for (int m = 0; m < M; ++m) y[static_cast<size_t>(m) * N + row] = from_float<T>(v[r][m] + bv);
+        }
+    }
+}
+
+template <typename T, int K, int M>
+__global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
+    const T* __restrict__ x, const uint4* __restrict__ packed_t, const uint32_t* __restrict__ absmax_t,
+    const float* __restrict__ codebook, const T* __restrict__ bias, T* __restrict__ y, int N, int nb,
+    float* __restrict__ accum, int* __restrict__ counters) {
+    static_assert(K >= 2 && K <= 4, "table GEMV takes k = 2..4");
+    extern __shared__ uint4 smem_sk[];
+    uint32_t* tbl = reinterpret_cast<uint32_t*>(smem_sk);
+    const int lane = threadIdx.x & 31;
+    const long long warps = static_cast<long long>(gridDim.x) * kSkWarps;
+    const long long w = static_cast<long long>(blockIdx.x) * kSkWarps + (threadIdx.x >> 5);
+    const long long units = static_cast<long long>((N + kTileN - 1) / kTileN) * nb;
+    const long long u0 = sk_start(w, units, warps), u1 = sk_start(w + 1, units, warps);
+
+    uint4 p[K];
+    uint32_t a;
+    sk_load<K>(packed_t, absmax_t, u0, lane, p, a);  // in flight while the table is built
+    build_wide_lut<K>(tbl, codebook);
+    __syncthreads();
+
+    const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
+    const char* tblc = reinterpret_cast<const char*>(tbl);
+    const int x_stride4 = nb * 4;  // uint4 per x row
+    const uint4* x4 = reinterpret_cast<const uint4*>(x);
+    int t = static_cast<int>(u0 / nb), j = static_cast<int>(u0 - static_cast<long long>(t) * nb);
+    int j_first = j;
+    float acc[4][M];
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
+
+    for (long long u = u0; u < u1; ++u) {
+        uint4 pn[K];
+        uint32_t an = 0;
+        if (u + 1 < u1) sk_load<K>(packed_t, absmax_t, u + 1, lane, pn, an);
+        sk_unit<T, K, M>(p, a, x4 + j * 4, x_stride4, tblc, lane4, acc);
+#pragma unroll
+        for (int b = 0; b < K; ++b) p[b] = pn[b];
+        a = an;
+        if (j != nb - 1 && u + 1 != u1) {
+            ++j;
+            continue;
+        }
+        // End of this warp's segment of tile t (units j_first..j).
+        const int row0 = t * kTileN + 4 * lane;
+        if (j_first == 0 && j == nb - 1) {
+            sk_store_rows<T, M>(y, bias, N, row0, acc);
+        } else {
+            const long long tb = static_cast<long long>(t) * nb;
+            float* tacc = accum + (static_cast<size_t>(t) * 32 + lane) * (4 * M);  // [r][m] per lane
+#pragma unroll
+            for (int q = 0; q < M; ++q)
+                red_add4(tacc + 4 * q, acc[(4 * q) / M][(4 * q) % M], acc[(4 * q + 1) / M][(4 * q + 1) % M],
+                         acc[(4 * q + 2) / M][(4 * q + 2) % M], acc[(4 * q + 3) / M][(4 * q + 3) % M]);
+            __threadfence();
+            __syncwarp();
+            const long long wf = sk_owner(tb, units, warps), wl = sk_owner(tb + nb - 1, units, warps);
+            int old = 0;
+            if (lane == 0) old = atomicAdd(counters + t, 1);
+            old = __shfl_sync(0xffffffffu, old, 0);
+            if (old == static_cast<int>(wl - wf)) {  // last of this tile's warps
+                __threadfence();
+                float sum[4][M];
+                float4* t4 = reinterpret_cast<float4*>(tacc);
+#pragma unroll
+                for (int q = 0; q < M; ++q) {
+                    const float4 f = __ldcg(t4 + q);
+                    sum[(4 * q) / M][(4 * q) % M] = f.x;
+                    sum[(4 * q + 1) / M][(4 * q + 1) % M] = f.y;
+                    sum[(4 * q + 2) / M][(4 * q + 2) % M] = f.z;
+                    sum[(4 * q + 3) / M][(4 * q + 3) % M] = f.w;
+                    __stcg(t4 + q, make_float4(0.f, 0.f, 0.f, 0.f));
+                }
+                sk_store_rows<T, M>(y, bias, N, row0, sum);
+                if (lane == 0) counters[t] = 0;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+#pragma unroll
+            for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
+        ++t;
+        j = 0;
+        j_first = 0;
+    }
+}
+
+template <typename T, int K, int M>
+int launch_gemv_sk_km(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int N,
+                      int nb, void* y, int ctas, float* ws, int* counters, cudaStream_t stream) {
+    auto kern = gemv_sk_kernel<T, K, M>;
+    constexpr size_t smem = kSkSmem;
+    const cudaError_t attr =
+        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (attr != cudaSuccess) return static_cast<int>(attr);
+    kern<<<ctas, kSkThreads, smem, stream>>>(static_cast<const T*>(x), static_cast<const uint4*>(pt),
+                                             reinterpret_cast<const uint32_t*>(at), cb, static_cast<const T*>(bias),
+                                             static_cast<T*>(y), N, nb, ws, counters);
+    KBIT_RETURN_LAUNCH_STATUS();
+}
+
+template <typename T, int K>
+int launch_gemv_sk_k(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int M,
+                     int N, int nb, void* y, int ctas, float* ws, int* ctr, cudaStream_t s) {
+    switch (M) {
+        case 1: return launch_gemv_sk_km<T, K, 1>(x, pt, at, cb, bias, N, nb, y, ctas, ws, ctr, s);
+        case 2: return launch_gemv_sk_km<T, K, 2>(x, pt, at, cb, bias, N, nb, y, ctas, ws, ctr, s);
+        case 3: return launch_gemv_sk_km<T, K, 3>(x, pt, at, cb, bias, N, nb, y, ctas, ws, ctr, s);
+        case 4: return launch_gemv_sk_km<T, K, 4>(x, pt, at, cb, bias, N, nb, y, ctas, ws, ctr, s);
+        default: return static_cast<int>(cudaErrorInvalidValue);
+    }
+}
+
+// Resident CTAs per SM of the kernel for (k, M), for sizing a one-wave grid; 0 on error.
+template <typename T>
+int gemv_sk_ctas_per_sm(int k, int M) {
+    int n = 0;
+    const void* f = nullptr;
+#define KBIT_SK_CASE(KK, MM) if (k == KK && M == MM) f = reinterpret_cast<const void*>(gemv_sk_kernel<T, KK, MM>);
+    KBIT_SK_CASE(2, 1) KBIT_SK_CASE(2, 2) KBIT_SK_CASE(2, 3) KBIT_SK_CASE(2, 4)
+    KBIT_SK_CASE(3, 1) KBIT_SK_CASE(3, 2) KBIT_SK_CASE(3, 3) KBIT_SK_CASE(3, 4)
+    KBIT_SK_CASE(4, 1) KBIT_SK_CASE(4, 2) KBIT_SK_CASE(4, 3) KBIT_SK_CASE(4, 4)
+#undef KBIT_SK_CASE
+    if (f == nullptr) return 0;
+    constexpr int smem = static_cast<int>(kSkSmem);
+    if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) return 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, kSkThreads, smem) != cudaSuccess) return 0;
+    return n;
+}
+template int gemv_sk_ctas_per_sm<half>(int, int);
+template int gemv_sk_ctas_per_sm<__nv_bfloat16>(int, int);
+
+// ctas * 8 warps must not exceed the units (tiles * nb); ws holds tiles * 128 * M zeroed floats and
+// counters one zeroed int per tile; both are left zeroed.
+template <typename T>
+int launch_gemv_sk(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int k,
+                   int M, int N, int nb, void* y, int ctas, float* ws, int* counters, cudaStream_t s) {
+    if (M == 0 || N <= 0) return 0;
+    const long long units = static_cast<long long>((N + kTileN - 1) / kTileN) * nb;
+    if (nb <= 0 || ctas < 1 || static_cast<long long>(ctas) * kSkWarps > units || ws == nullptr || counters == nullptr)
+        return static_cast<int>(cudaErrorInvalidValue);
+    switch (k) {
+        case 2: return launch_gemv_sk_k<T, 2>(x, pt, at, cb, bias, M, N, nb, y, ctas, ws, counters, s);
+        case 3: return launch_gemv_sk_k<T, 3>(x, pt, at, cb, bias, M, N, nb, y, ctas, ws, counters, s);
+        case 4: return launch_gemv_sk_k<T, 4>(x, pt, at, cb, bias, M, N, nb, y, ctas, ws, counters, s);
+        default: return static_cast<int>(cudaErrorInvalidValue);
+    }
+}
+
+template int launch_gemv_sk<half>(const void*, const void*, const uint8_t*, const float*, const void*, int, int, int,
+                                  int, void*, int, float*, int*, cudaStream_t);
+template int launch_gemv_sk<__nv_bfloat16>(const void*, const void*, const uint8_t*, const float*, const void*, int,
+                                           int, int, int, void*, int, float*, int*, cudaStream_t);
+
+}  // namespace kbit
