@@ -3,11 +3,13 @@
 Run on the GPU machine from the repo root, with vLLM importable (benchmarks/vllm_gpu_run.sh
 unpacks the carried bundle and makes the vllm.general_plugins entry point visible):
     python3 benchmarks/vllm_gpu_e2e.py tiny_kbit4 tiny_deq4 bench_bf16 bench_kbit4 ...
-Each name is "<model>_<config>": model tiny (2 layers, hidden 256) or bench (Llama-3.2-1B
-shapes, random bf16); config bf16, deq<k> (kbit round trip stored as bf16), kbit<k> (online),
-awq (vLLM's own AWQ), awq_orin. Each engine runs in its own subprocess and prints one RESULT
-JSON line: compile and cudagraph modes, greedy outputs with logprobs (tiny) or decode tokens/s at
-batch 1 and 16 (bench).
+Each name is "<model>_<config>": model tiny (2 layers, hidden 256), bench (Llama-3.2-1B
+shapes, random bf16) or l3 (Llama-3-8B shapes, random bf16, ~16 GB); config bf16, deq<k> (kbit
+round trip stored as bf16), kbit<k> (online), awq (vLLM's own AWQ), awq_orin. Each engine runs in
+its own subprocess (engine core in-process, so the weight-loading peak can be read) and prints one
+RESULT JSON line: compile and cudagraph modes, weight memory and the peak while loading, then
+greedy outputs with logprobs (tiny), decode tokens/s at batch 1 and 16 (bench), or decode
+tokens/s at batch 1, 16, 64 and prefill tokens/s on 2048-token prompts (l3).
 """
 
 from __future__ import annotations
@@ -20,13 +22,17 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process: peak memory
 ROOT = "/tmp/kbit_e2e_models"
 SHAPES = {
     "tiny": dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2),
     "bench": dict(vocab_size=32000, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                   num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True),
+    "l3": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+               num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False, rope_theta=500000.0),
 }
+GIB = 1 << 30
 
 
 def save_tokenizer(path: str, vocab: int) -> None:
@@ -50,7 +56,7 @@ def make_folder(model: str, variant: str) -> str:
     path = f"{ROOT}/{model}_{variant}"
     if os.path.exists(f"{path}/config.json"):
         return path
-    cfg = LlamaConfig(bos_token_id=1, eos_token_id=2, pad_token_id=3, max_position_embeddings=2048,
+    cfg = LlamaConfig(bos_token_id=1, eos_token_id=2, pad_token_id=3, max_position_embeddings=4096,
                       torch_dtype="bfloat16", **SHAPES[model])
     torch.manual_seed(0)
     with torch.device("cuda"):
@@ -90,6 +96,28 @@ def make_folder(model: str, variant: str) -> str:
     return path
 
 
+def watch_load_peak() -> dict:
+    """Record the CUDA memory peak of the model load itself (before KV cache and warmup)."""
+    import torch
+    from vllm.v1.worker import gpu_model_runner
+
+    seen: dict = {}
+    orig = gpu_model_runner.GPUModelRunner.load_model
+
+    def load_model(self, *a, **kw):
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        out = orig(self, *a, **kw)
+        torch.cuda.synchronize()
+        seen["weights_gib"] = round((torch.cuda.memory_allocated() - base) / GIB, 2)
+        seen["load_peak_gib"] = round((torch.cuda.max_memory_allocated() - base) / GIB, 2)
+        return out
+
+    gpu_model_runner.GPUModelRunner.load_model = load_model
+    return seen
+
+
 def child(name: str) -> None:
     from vllm import LLM, SamplingParams
 
@@ -105,12 +133,17 @@ def child(name: str) -> None:
     else:
         folder = make_folder(model, config)
     kw.setdefault("dtype", "bfloat16")
+    peak = watch_load_peak()
     t0 = time.perf_counter()
-    llm = LLM(model=folder, gpu_memory_utilization=0.45, max_model_len=1024, seed=0, **kw)
+    big = model == "l3"
+    if big:  # capture the decode sizes measured here only (prefill chunks run compiled, uncaptured)
+        kw["compilation_config"] = {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64]}
+    llm = LLM(model=folder, gpu_memory_utilization=0.5 if big else 0.45, max_model_len=4096 if big else 1024,
+              seed=0, **kw)
     cc = llm.llm_engine.vllm_config.compilation_config
     res: dict = {"name": name, "init_s": round(time.perf_counter() - t0, 1), "compile_mode": str(cc.mode),
                  "cudagraph_mode": str(cc.cudagraph_mode),
-                 "quantization": llm.llm_engine.vllm_config.model_config.quantization}
+                 "quantization": llm.llm_engine.vllm_config.model_config.quantization, **peak}
     if model == "tiny":
         sp = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=1)
         outs = llm.generate(["w1 w2 w3 w4", "w10 w20 w30", "w5"], sp, use_tqdm=False)
@@ -126,11 +159,21 @@ def child(name: str) -> None:
             llm.generate(prompts, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True), use_tqdm=False)
             return time.perf_counter() - t
 
-        for b in (1, 16):
+        for b in (1, 16, 64) if big else (1, 16):
             gen(b, 64)
             t_n = min(gen(b, 128) for _ in range(2))
             t_1 = min(gen(b, 1) for _ in range(2))
             res[f"bs{b}_decode_tok_s"] = round(b * 127 / (t_n - t_1), 1)
+        if big:  # prefill: 8 prompts of 2048 tokens, one output token each
+            prompts = [{"prompt_token_ids": [10 + (13 * i + 7 * j) % 120000 for j in range(2048)]} for i in range(8)]
+            one = SamplingParams(max_tokens=1, temperature=0.0)
+            llm.generate(prompts, one, use_tqdm=False)
+            ts = []
+            for _ in range(3):
+                t = time.perf_counter()
+                llm.generate(prompts, one, use_tqdm=False)
+                ts.append(time.perf_counter() - t)
+            res["prefill2048_tok_s"] = round(8 * 2048 / min(ts), 0)
     print("RESULT " + json.dumps(res), flush=True)
 
 
