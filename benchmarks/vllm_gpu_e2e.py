@@ -98,23 +98,31 @@ def make_folder(model: str, variant: str) -> str:
 
 def watch_load_peak() -> dict:
     """Record the CUDA memory peak of the model load itself (before KV cache and warmup)."""
+    import importlib
+
     import torch
-    from vllm.v1.worker import gpu_model_runner
 
     seen: dict = {}
-    orig = gpu_model_runner.GPUModelRunner.load_model
 
-    def load_model(self, *a, **kw):
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        out = orig(self, *a, **kw)
-        torch.cuda.synchronize()
-        seen["weights_gib"] = round((torch.cuda.memory_allocated() - base) / GIB, 2)
-        seen["load_peak_gib"] = round((torch.cuda.max_memory_allocated() - base) / GIB, 2)
-        return out
+    def wrap(orig):
+        def load_model(self, *a, **kw):
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            out = orig(self, *a, **kw)
+            torch.cuda.synchronize()
+            seen["weights_gib"] = round((torch.cuda.memory_allocated() - base) / GIB, 2)
+            seen["load_peak_gib"] = round((torch.cuda.max_memory_allocated() - base) / GIB, 2)
+            return out
+        return load_model
 
-    gpu_model_runner.GPUModelRunner.load_model = load_model
+    # 0.25.1 runs the model runner in vllm/v1/worker/gpu/; later versions in gpu_model_runner.py
+    for mod in ("vllm.v1.worker.gpu.model_runner", "vllm.v1.worker.gpu_model_runner"):
+        try:
+            cls = importlib.import_module(mod).GPUModelRunner
+        except (ImportError, AttributeError):
+            continue
+        cls.load_model = wrap(cls.load_model)
     return seen
 
 
@@ -136,8 +144,10 @@ def child(name: str) -> None:
     peak = watch_load_peak()
     t0 = time.perf_counter()
     big = model == "l3"
-    if big:  # capture the decode sizes measured here only (prefill chunks run compiled, uncaptured)
+    if big:  # capture the decode sizes measured here only (prefill chunks run compiled, uncaptured);
+        # no prefix caching, so repeated prefill prompts are computed every time
         kw["compilation_config"] = {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64]}
+        kw["enable_prefix_caching"] = False
     llm = LLM(model=folder, gpu_memory_utilization=0.5 if big else 0.45, max_model_len=4096 if big else 1024,
               seed=0, **kw)
     cc = llm.llm_engine.vllm_config.compilation_config
