@@ -90,9 +90,10 @@ def n_copies(nbytes: int, cap: int = 400) -> int:
     return max(2, min(cap, math.ceil(ROTATE_BYTES / max(nbytes, 1))))
 
 
-def bench_shape(name: str, in_f: int, out_f: int, ks: list[int], ms: list[int], bw: float, quick: bool) -> list[dict]:
+def bench_shape(name: str, in_f: int, out_f: int, ks: list[int], ms: list[int], bw: float, quick: bool,
+                dt: torch.dtype = torch.float16) -> list[dict]:
+    """Our kernels in activation dtype dt beside cuBLAS in the same dtype."""
     rows = []
-    dt = torch.float16
     w = torch.randn(out_f, in_f, device="cuda", dtype=dt) * 0.05
     nc16 = n_copies(w.numel() * 2, 64 if quick else 400)
     w16 = [w.clone() for _ in range(nc16)]
@@ -110,7 +111,8 @@ def bench_shape(name: str, in_f: int, out_f: int, ks: list[int], ms: list[int], 
             x = torch.randn(m, in_f, device="cuda", dtype=dt)
             r = {"shape": name, "in": in_f, "out": out_f, "k": k, "M": m}
             small = m <= dispatch.GEMV_MAX_M
-            paths = (["gemv", "gemv_cluster"] if small else []) + ["mma"] + (["dequant"] if m >= 8 else [])
+            paths = (["gemv_sk", "gemv_cluster"] if small and k <= 4 else ["gemv_cluster"] if small else []) + [
+                "mma"] + (["dequant"] if m >= 8 else [])
             for path in paths:
                 def mk(c, path=path, x=x, cb=cb, k=k):
                     return lambda: cuda_ops.linear_path(x, c[0], c[1], cb, None, k, out_f, path)
@@ -168,15 +170,15 @@ def fmt(v) -> str:
 def print_tables(rows: list[dict]) -> None:
     for m in sorted({r["M"] for r in rows}):
         print(f"\n### M = {m} (µs per call; best = fastest of our kernels)\n")
-        print("| shape (in x out) | k | gemv | gemv (cluster) | mma | dequant+cuBLAS | op | cuBLAS fp16 "
+        print("| shape (in x out) | k | gemv (stream-K) | gemv (cluster) | mma | dequant+cuBLAS | op | cuBLAS fp16 "
               "| tinygemm int4 | best | vs fp16 | floor | best/floor |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             if r["M"] != m:
                 continue
-            best = min(r[p] for p in ("gemv", "gemv_cluster", "mma", "dequant") if p in r)
+            best = min(r[p] for p in ("gemv_sk", "gemv_cluster", "mma", "dequant") if p in r)
             r["best"] = best
-            print(f"| {r['shape']} {r['in']}x{r['out']} | {r['k']} | {fmt(r.get('gemv'))} | "
+            print(f"| {r['shape']} {r['in']}x{r['out']} | {r['k']} | {fmt(r.get('gemv_sk'))} | "
                   f"{fmt(r.get('gemv_cluster'))} | {fmt(r.get('mma'))} | "
                   f"{fmt(r.get('dequant'))} | {fmt(r['op'])} | {fmt(r['cublas_fp16'])} | "
                   f"{fmt(r.get('tinygemm_int4'))} | {best:.1f} | {r['cublas_fp16'] / best:.2f}x | "
@@ -202,6 +204,8 @@ def main() -> None:
     ap.add_argument("--ms", default=None)
     ap.add_argument("--ks", default=None, help="comma-separated bit widths (default 2,3,4,5)")
     ap.add_argument("--shapes", default=None, help="comma-separated shape names (default all)")
+    ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"),
+                    help="activation dtype (cuBLAS runs in the same dtype)")
     args = ap.parse_args()
     bw, dev = start_run()
     ks = [4] if args.quick else KS
@@ -213,7 +217,7 @@ def main() -> None:
     for name, in_f, out_f in SEED_DENSE + LLAMA:
         if args.shapes and name not in args.shapes.split(","):
             continue
-        rows += bench_shape(name, in_f, out_f, ks, ms, bw, args.quick)
+        rows += bench_shape(name, in_f, out_f, ks, ms, bw, args.quick, getattr(torch, args.dtype))
         print(f"# {name} done at {time.time() - t0:.0f}s", flush=True)
     print_tables(rows)
     print_summary(rows)

@@ -114,7 +114,9 @@ def test_linear_all_paths(k, dtype, in_f, out_f):
     bias = torch.randn(out_f, device=DEV, dtype=dtype)
     for m in MS:
         x = torch.randn(m, in_f, device=DEV, dtype=dtype)
-        paths = (["gemv", "gemv_cluster"] if m <= 4 else []) + (["mma"] if m <= 256 else []) + ["dequant"]
+        sk = k <= 4 and ((out_f + 127) // 128) * (in_f // 32) >= 8
+        paths = (["gemv", "gemv_cluster"] + (["gemv_sk"] if sk else []) if m <= 4 else []) + (
+            ["mma"] if m <= 256 else []) + ["dequant"]
         for path in paths:
             b = bias if m % 2 else None
             y = cuda_ops.linear_path(x, pt, at, cb, b, k, out_f, path)
@@ -136,6 +138,43 @@ def test_linear_leading_dims_and_fp32():
     x = torch.randn(3, in_f, device=DEV)
     y = ops.kbit_linear(x, pt, at, cb, None, k, out_f)
     assert torch.allclose(y.double(), x.double() @ w64.t(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("path", ("gemv_sk", "gemv_cluster", "mma"))
+@pytest.mark.parametrize("scale", (1e-30, 1e-6, 1e4, 1e30))
+def test_bf16_activation_range(scale, path):
+    """bf16 x far outside fp16's range: the GEMV's per-row power-of-two rescaling stays exact."""
+    k, in_f, out_f = 4, 2048, 1000
+    packed, absmax, cb = _weights(out_f, in_f, k)
+    pt, at = ops.kbit_repack(packed, absmax, k)
+    w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64)
+    x = (torch.randn(3, in_f, device=DEV) * scale).to(torch.bfloat16)
+    x[1] *= 1e3 if scale < 1e30 else 1e-3  # rows of different magnitude in one call
+    y = cuda_ops.linear_path(x, pt, at, cb, None, k, out_f, path)
+    for r in range(3):
+        _check_linear(y[r : r + 1], x[r : r + 1], w64, None, torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", (1, 3, 8, 40))
+def test_nonfinite_activations_propagate(dtype, m):
+    """An Inf or NaN in one row of x makes that row's outputs non-finite (as in fp16 matmul) and
+    leaves the other rows right; no kernel faults."""
+    k, in_f, out_f = 4, 2048, 1000
+    packed, absmax, cb = _weights(out_f, in_f, k)
+    pt, at = ops.kbit_repack(packed, absmax, k)
+    w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64)
+    x = torch.randn(m, in_f, device=DEV, dtype=dtype)
+    x[0, 7] = float("inf")
+    if m > 1:
+        x[m - 1, 100] = float("nan")
+    y = ops.kbit_linear(x, pt, at, cb, None, k, out_f)
+    torch.cuda.synchronize()
+    assert not torch.isfinite(y[0]).any()
+    if m > 1:
+        assert torch.isnan(y[m - 1]).all()
+    if m > 2:
+        _check_linear(y[1 : m - 1], x[1 : m - 1], w64, None, dtype)
 
 
 @pytest.mark.parametrize("m", (1, 3, 8))
@@ -160,7 +199,7 @@ def test_graph_replay_equals_eager(m, dtype, deterministic, monkeypatch):
     float-atomic sums may differ in the last bit, and every replay must still be right (its
     accumulators and counters are left zeroed for the next replay)."""
     monkeypatch.setenv("KBIT_VLLM_DETERMINISTIC", "1" if deterministic else "0")
-    k, in_f, out_f = 4, 2048, 1000  # split-K active for the GEMV and MMA paths
+    k, in_f, out_f = 4, 8192, 8192  # split-K active for the MMA path, the stream-K GEMV chosen
     packed, absmax, cb = _weights(out_f, in_f, k)
     pt, at = ops.kbit_repack(packed, absmax, k)
     w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64)

@@ -9,7 +9,9 @@
 // becomes its table address in one byte permute (the pair byte next to the lane's byte offset,
 // in a table with a 256-byte row per entry), then one shared load and one half2 FMA. x is read
 // straight from global memory (a warp-uniform address, so one L1 transaction per 16 bytes); no
-// staging, no block barrier after the table is built.
+// staging, no block barrier after the table is built. bf16 x is turned into fp16 times a power
+// of two per row (chosen from the row's max |x| by each CTA up front), exactly, so bf16 runs the
+// same half2 FMA loop as fp16 instead of converting every weight pair to fp32.
 //
 // A warp's range covers at most two partial tiles (its head and its tail) and any number of
 // whole tiles between them. Whole tiles are written directly. Partials are added into a zeroed
@@ -73,6 +75,62 @@ __device__ __forceinline__ void red_add4(float* dst, float a, float b, float c, 
 #endif
 }
 
+// (bf16, bf16) word -> (fp16, fp16) word of the values times a power of two (exact unless tiny).
+__device__ __forceinline__ uint32_t bf16x2_to_scaled_h2(uint32_t u, float scale) {
+    const float2 f = bf16x2_to_float2(u);
+    return h2_bits(__floats2half2_rn(f.x * scale, f.y * scale));
+}
+
+// Per row m of x: bf16 -> a power of two that maps max |x[m]| below 2^10, so the fp16 half2
+// partial sums (8 products of |w| <= 1) stay far from overflow; xinv undoes it on output. fp16
+// x keeps scale 1. Inf/NaN rows keep scale 1 and propagate. Ends with a block barrier.
+template <typename T, int M>
+__device__ __forceinline__ void row_scales(const T* __restrict__ x, int in_f, float (&xscale)[M], float (&xinv)[M]) {
+    __shared__ float red[kSkWarps][M];
+    __shared__ float sc[2][M];
+    if constexpr (std::is_same<T, half>::value) {
+        __syncthreads();
+#pragma unroll
+        for (int m = 0; m < M; ++m) xscale[m] = xinv[m] = 1.f;
+    } else {
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+            const uint4* row = reinterpret_cast<const uint4*>(x + static_cast<size_t>(m) * in_f);
+            float mx = 0.f;
+            for (int q = threadIdx.x; q < in_f / 8; q += blockDim.x) {
+                const uint4 v = __ldg(row + q);
+                const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int t = 0; t < 4; ++t) {
+                    const float2 f = bf16x2_to_float2(w[t]);
+                    mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
+                }
+            }
+            mx = warp_max(mx);
+            if (lane == 0) red[warp][m] = mx;
+        }
+        __syncthreads();
+        if (threadIdx.x < M) {
+            float mx = 0.f;
+            for (int w = 0; w < kSkWarps; ++w) mx = fmaxf(mx, red[w][threadIdx.x]);
+            int e = 0;
+            if (mx > 0.f && mx < INFINITY) {
+                frexpf(mx, &e);  // mx < 2^e
+                e = min(max(10 - e, -120), 120);
+            }
+            sc[0][threadIdx.x] = ldexpf(1.f, e);
+            sc[1][threadIdx.x] = ldexpf(1.f, -e);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+            xscale[m] = sc[0][m];
+            xinv[m] = sc[1][m];
+        }
+    }
+}
+
 template <int K>
 __device__ __forceinline__ void sk_load(const uint4* __restrict__ P, const uint32_t* __restrict__ A, long long u,
                                         int lane, uint4 (&p)[K], uint32_t& a) {
@@ -84,7 +142,8 @@ __device__ __forceinline__ void sk_load(const uint4* __restrict__ P, const uint3
 // acc[r][m] += (row 4*lane + r of this unit) . x[m, block j]
 template <typename T, int K, int M>
 __device__ __forceinline__ void sk_unit(const uint4 (&p)[K], uint32_t a, const uint4* __restrict__ xb, int x_stride4,
-                                        const char* tblc, uint32_t lane4, float (&acc)[4][M]) {
+                                        const float (&xscale)[M], const char* tblc, uint32_t lane4,
+                                        float (&acc)[4][M]) {
     uint32_t gw[4][4];  // rotr(group word, g): nibble n = code of field n
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
@@ -98,90 +157,67 @@ __device__ __forceinline__ void sk_unit(const uint4 (&p)[K], uint32_t a, const u
 #pragma unroll
     for (int r = 0; r < 4; ++r) s[r] = decode_e4m4_fast((a >> (8 * r)) & 0xFFu);
 
-    if constexpr (std::is_same<T, half>::value) {
-        // half2 FMA over 8 pairs, then flushed to fp32 times the block scale.
-        half2 hp[4][M];
+    // half2 FMA over 8 pairs, then flushed to fp32 times the block scale. bf16 x arrives here as
+    // fp16 scaled by a power of two per row (xscale), exact, so both dtypes share this loop.
+    half2 hp[4][M];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            uint4 xi[M];
+    for (int i = 0; i < 4; ++i) {
+        uint4 xi[M];
 #pragma unroll
-            for (int m = 0; m < M; ++m) xi[m] = __ldg(xb + m * x_stride4 + i);
-            if (i == 0 || i == 2) {
-#pragma unroll
-                for (int r = 0; r < 4; ++r)
-#pragma unroll
-                    for (int m = 0; m < M; ++m) {
-                        if (i == 2) {
-                            const float2 f = __half22float2(hp[r][m]);
-                            acc[r][m] = fmaf(f.x + f.y, s[r], acc[r][m]);
-                        }
-                        hp[r][m] = __float2half2_rn(0.f);
-                    }
-            }
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-#pragma unroll
-                for (int g = 0; g < 4; ++g) {
-                    const half2 w = *reinterpret_cast<const half2*>(tblc + wide_lut_off(gw[r][g], i, lane4));
-#pragma unroll
-                    for (int m = 0; m < M; ++m) {
-                        const uint32_t xw = g == 0 ? xi[m].x : g == 1 ? xi[m].y : g == 2 ? xi[m].z : xi[m].w;
-                        hp[r][m] = __hfma2(w, bits_h2(xw), hp[r][m]);
-                    }
-                }
+        for (int m = 0; m < M; ++m) {
+            xi[m] = __ldg(xb + m * x_stride4 + i);
+            if constexpr (!std::is_same<T, half>::value) {
+                xi[m].x = bf16x2_to_scaled_h2(xi[m].x, xscale[m]);
+                xi[m].y = bf16x2_to_scaled_h2(xi[m].y, xscale[m]);
+                xi[m].z = bf16x2_to_scaled_h2(xi[m].z, xscale[m]);
+                xi[m].w = bf16x2_to_scaled_h2(xi[m].w, xscale[m]);
             }
         }
+        if (i == 0 || i == 2) {
 #pragma unroll
-        for (int r = 0; r < 4; ++r)
+            for (int r = 0; r < 4; ++r)
 #pragma unroll
-            for (int m = 0; m < M; ++m) {
-                const float2 f = __half22float2(hp[r][m]);
-                acc[r][m] = fmaf(f.x + f.y, s[r], acc[r][m]);
-            }
-    } else {
-        // bf16: table half2 -> float2, x bf16 pair -> float2, fp32 FMA.
-        float part[4][M];
+                for (int m = 0; m < M; ++m) {
+                    if (i == 2) {
+                        const float2 f = __half22float2(hp[r][m]);
+                        acc[r][m] = fmaf(f.x + f.y, s[r], acc[r][m]);
+                    }
+                    hp[r][m] = __float2half2_rn(0.f);
+                }
+        }
 #pragma unroll
-        for (int r = 0; r < 4; ++r)
-#pragma unroll
-            for (int m = 0; m < M; ++m) part[r][m] = 0.f;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            uint4 xi[M];
-#pragma unroll
-            for (int m = 0; m < M; ++m) xi[m] = __ldg(xb + m * x_stride4 + i);
+        for (int r = 0; r < 4; ++r) {
 #pragma unroll
             for (int g = 0; g < 4; ++g) {
-                float2 xf[M];
+                const half2 w = *reinterpret_cast<const half2*>(tblc + wide_lut_off(gw[r][g], i, lane4));
 #pragma unroll
-                for (int m = 0; m < M; ++m)
-                    xf[m] = bf16x2_to_float2(g == 0 ? xi[m].x : g == 1 ? xi[m].y : g == 2 ? xi[m].z : xi[m].w);
-#pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                    const float2 w =
-                        __half22float2(*reinterpret_cast<const half2*>(tblc + wide_lut_off(gw[r][g], i, lane4)));
-#pragma unroll
-                    for (int m = 0; m < M; ++m) part[r][m] = fmaf(w.y, xf[m].y, fmaf(w.x, xf[m].x, part[r][m]));
+                for (int m = 0; m < M; ++m) {
+                    const uint32_t xw = g == 0 ? xi[m].x : g == 1 ? xi[m].y : g == 2 ? xi[m].z : xi[m].w;
+                    hp[r][m] = __hfma2(w, bits_h2(xw), hp[r][m]);
                 }
             }
         }
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-#pragma unroll
-            for (int m = 0; m < M; ++m) acc[r][m] = fmaf(part[r][m], s[r], acc[r][m]);
     }
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+            const float2 f = __half22float2(hp[r][m]);
+            acc[r][m] = fmaf(f.x + f.y, s[r], acc[r][m]);
+        }
 }
 
 template <typename T, int M>
 __device__ __forceinline__ void sk_store_rows(T* __restrict__ y, const T* __restrict__ bias, int N, int row0,
-                                              const float (&v)[4][M]) {
+                                              const float (&v)[4][M], const float (&xinv)[M]) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
         const int row = row0 + r;
         if (row < N) {
             const float bv = bias != nullptr ? to_float(bias[row]) : 0.f;
 #pragma unroll
-            for (int m = 0; m < M; ++m) y[static_cast<size_t>(m) * N + row] = from_float<T>(v[r][m] + bv);
+            for (int m = 0; m < M; ++m)
+                y[static_cast<size_t>(m) * N + row] = from_float<T>(fmaf(v[r][m], xinv[m], bv));
         }
     }
 }
@@ -204,7 +240,8 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
     uint32_t a;
     sk_load<K>(packed_t, absmax_t, u0, lane, p, a);  // in flight while the table is built
     build_wide_lut<K>(tbl, codebook);
-    __syncthreads();
+    float xscale[M], xinv[M];
+    row_scales<T, M>(x, nb * 32, xscale, xinv);  // synchronizes the block
 
     const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
     const char* tblc = reinterpret_cast<const char*>(tbl);
@@ -222,7 +259,7 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
         uint4 pn[K];
         uint32_t an = 0;
         if (u + 1 < u1) sk_load<K>(packed_t, absmax_t, u + 1, lane, pn, an);
-        sk_unit<T, K, M>(p, a, x4 + j * 4, x_stride4, tblc, lane4, acc);
+        sk_unit<T, K, M>(p, a, x4 + j * 4, x_stride4, xscale, tblc, lane4, acc);
 #pragma unroll
         for (int b = 0; b < K; ++b) p[b] = pn[b];
         a = an;
@@ -233,7 +270,7 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
         // End of this warp's segment of tile t (units j_first..j).
         const int row0 = t * kTileN + 4 * lane;
         if (j_first == 0 && j == nb - 1) {
-            sk_store_rows<T, M>(y, bias, N, row0, acc);
+            sk_store_rows<T, M>(y, bias, N, row0, acc, xinv);
         } else {
             const long long tb = static_cast<long long>(t) * nb;
             float* tacc = accum + (static_cast<size_t>(t) * 32 + lane) * (4 * M);  // [r][m] per lane
@@ -260,7 +297,7 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
                     sum[(4 * q + 3) / M][(4 * q + 3) % M] = f.w;
                     __stcg(t4 + q, make_float4(0.f, 0.f, 0.f, 0.f));
                 }
-                sk_store_rows<T, M>(y, bias, N, row0, sum);
+                sk_store_rows<T, M>(y, bias, N, row0, sum, xinv);
                 if (lane == 0) counters[t] = 0;
             }
         }

@@ -150,18 +150,28 @@ def gemv_config(n: int, nb: int, sms: int, cluster: bool) -> tuple[int, int, int
 
 _SK_OCC: dict[tuple[int, int, int, str], int] = {}
 SK_WARPS = 8  # warps per CTA of the stream-K GEMV (csrc/kbit_gemv_sk.cu)
-SK_MIN_UNITS = 2  # (tile, block) units per warp at least, so the table build is amortized
+SK_MIN_UNITS = 3  # (tile, block) units per warp of a full wave at least; below, the cluster GEMV wins
 
 
-def gemv_sk_ctas(dev: torch.device, sfx: str, k: int, m: int, out_features: int, nb: int) -> int:
-    """One wave of the stream-K GEMV: resident CTAs per SM x SMs, fewer for small layers; 0 = not usable."""
+def gemv_sk_ctas(dev: torch.device, sfx: str, k: int, m: int, out_features: int, nb: int,
+                 forced: bool = False) -> int:
+    """One wave of the stream-K GEMV (resident CTAs per SM x SMs); 0 where the cluster GEMV is faster.
+
+    H200, benchmarks/RESULTS.md 2026-11-21: the stream-K GEMV wins once a full wave has >= 3
+    (tile, block) units per warp (4096x28672: 13.6, 14336x4096: 6.8) and loses below (4096x6144:
+    1.9, 4096x4096: 1.3), where the cluster GEMV's per-tile split is already balanced."""
     if k > 4:
         return 0
     key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, m, sfx)
     if key not in _SK_OCC:
         _SK_OCC[key] = int(getattr(LIB, f"kbit_vllm_gemv_sk_ctas_per_sm_{sfx}")(_i(k), _i(m)))
     units = ((out_features + 127) // 128) * nb
-    return min(_SK_OCC[key] * _sms(dev), units // (SK_WARPS * SK_MIN_UNITS), units // SK_WARPS)
+    wave = _SK_OCC[key] * _sms(dev)
+    if forced:  # any grid with >= 1 unit per warp (tests, benchmarks)
+        return min(wave, units // SK_WARPS)
+    if units < wave * SK_WARPS * SK_MIN_UNITS:
+        return 0
+    return wave
 
 
 def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch.Tensor, codebook: torch.Tensor,
@@ -170,7 +180,7 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
 
     Public so tests and benchmarks can exercise every path; kbit_linear picks the path itself.
     "gemv" is the stream-K table GEMV for k <= 4 where the layer has enough units (outside
-    deterministic mode), else the cluster GEMV, which "gemv_cluster" names directly.
+    deterministic mode), else the cluster GEMV; "gemv_sk" and "gemv_cluster" name one of them.
     """
     m, in_f = x2.shape
     nb = in_f // 32
@@ -186,10 +196,13 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
     y = torch.empty((m, out_features), dtype=x2.dtype, device=dev)
     if m == 0:
         return y
-    if path in ("gemv", "gemv_cluster") and m > dispatch.GEMV_MAX_M:
+    if path in ("gemv", "gemv_sk", "gemv_cluster") and m > dispatch.GEMV_MAX_M:
         raise ValueError(f"kbit_linear {path} path takes M <= {dispatch.GEMV_MAX_M}, got {m}")
-    use_sk = path == "gemv" and not dispatch.deterministic()
-    ctas = gemv_sk_ctas(dev, sfx, k, m, out_features, nb) if use_sk else 0
+    use_sk = (path == "gemv" and not dispatch.deterministic()) or path == "gemv_sk"
+    ctas = gemv_sk_ctas(dev, sfx, k, m, out_features, nb, forced=path == "gemv_sk") if use_sk else 0
+    if path == "gemv_sk" and ctas == 0:
+        raise ValueError(f"kbit_linear gemv_sk path takes k <= 4 and >= {SK_WARPS} (tile, block) units, "
+                         f"got k={k}, units={((out_features + 127) // 128) * nb}")
     if ctas > 0:
         ws = _scratch(dev, "accum", ((out_features + 127) // 128) * 128 * m)
         ctr = _scratch(dev, "counters", (out_features + 127) // 128)
