@@ -62,6 +62,13 @@ class ConfigCommon:
         if self.unquantized_in_checkpoint:
             self.unquantized_in_checkpoint = hf_to_vllm_mapper.apply_list(self.unquantized_in_checkpoint)
 
+    def experts_skipped(self, prefix: str) -> bool:
+        """A MoE layer (prefix `...experts`) stays unquantized when modules_to_not_convert names it
+        or the checkpoint stores its experts (`<prefix>.<e>.<proj>.weight`) as plain tensors."""
+        if any(n in prefix for n in self.modules_to_not_convert or []):
+            return True
+        return any(n.startswith(prefix + ".") for n in self.unquantized_in_checkpoint or [])
+
     def is_skipped(self, prefix: str) -> bool:
         mapping = getattr(self, "packed_modules_mapping", None) or {}
         return (layer_skipped(prefix, self.modules_to_not_convert or [], mapping, exact=False)

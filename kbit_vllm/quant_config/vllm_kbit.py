@@ -59,12 +59,6 @@ def checkpoint_tensor_names(model: str, revision: str | None = None) -> list[str
         return None
 
 
-def moe_not_implemented(method: str, prefix: str) -> NotImplementedError:
-    return NotImplementedError(
-        f"{method}: MoE expert layers ({prefix}) are not supported yet; quantize only dense models, "
-        "or list the experts in modules_to_not_convert once MoE support lands")
-
-
 def is_moe_layer(layer: torch.nn.Module) -> bool:
     """RoutedExperts (0.28+/0.33) or FusedMoE (0.25.1, where FusedMoE is a real class there)."""
     try:
@@ -136,5 +130,10 @@ class KbitConfig(ConfigCommon, QuantizationConfig):
             cls = KbitLinearMethod if self.prequantized else KbitOnlineLinearMethod
             return cls(self.bits, self.codebook, prefix)
         if is_moe_layer(layer):
-            raise moe_not_implemented("kbit", prefix)
+            from ..layers.vllm_moe import KbitMoEMethod, KbitOnlineMoEMethod
+
+            if self.experts_skipped(prefix):
+                return None  # vLLM's unquantized MoE method
+            cls_moe = KbitMoEMethod if self.prequantized else KbitOnlineMoEMethod
+            return cls_moe(layer.moe_config, self.bits, self.codebook, prefix)
         return None  # embeddings, lm_head, attention: unquantized
