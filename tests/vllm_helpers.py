@@ -253,3 +253,30 @@ def assert_logprobs_close(a: list[Gen], b: list[Gen], tol: float) -> None:
                 break
             d = abs(ga.logprobs[i] - gb.logprobs[i])
             assert d <= tol, f"prompt {n} step {i} token {ta}: logprob diff {d:.4f} > {tol}"
+
+
+def assert_matches_hf(folder: str | Path, gens: list[Gen], tol: float, model: Any = None) -> None:
+    """vLLM's greedy tokens and logprobs agree with a transformers forward (fp32) over the same ids.
+
+    An independent reference: the HF model runs the folder's weights with its own kernels. At a
+    step where HF prefers another token, the two must be within tol (a near-tie) and the
+    comparison of that prompt stops there.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if model is None:
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    for prompt, gen in zip(PROMPTS, gens, strict=True):
+        ids = tok(prompt, return_tensors="pt").input_ids
+        full = torch.cat([ids, torch.tensor([gen.ids])], dim=1)
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=full).logits.float(), dim=-1)[0]
+        for i, t in enumerate(gen.ids):
+            step = logp[ids.shape[1] - 1 + i]
+            assert abs(float(step[t]) - gen.logprobs[i]) <= tol, \
+                f"{prompt!r} step {i}: HF {float(step[t]):.4f} vs vLLM {gen.logprobs[i]:.4f}"
+            hf_best = int(step.argmax())
+            if hf_best != t:
+                assert float(step[hf_best] - step[t]) <= tol, f"{prompt!r} step {i}: {hf_best} vs {t}"
+                break

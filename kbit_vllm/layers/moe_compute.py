@@ -70,7 +70,8 @@ def moe_forward(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Ten
         weights = local.to(torch.float32) if local is not None else torch.ones_like(weights)
     gate_up = w13(rows, offsets)
     inter = gate_up.shape[-1] // 2
-    act = act_fn(gate_up[:, :inter]) * gate_up[:, inter:]
+    # In fp32 with one rounding, like vLLM's silu_and_mul kernels.
+    act = (act_fn(gate_up[:, :inter].to(torch.float32)) * gate_up[:, inter:].to(torch.float32)).to(x.dtype)
     down = w2(act, offsets)
     pairs = torch.empty_like(down).index_copy_(0, order, down)
     out = (pairs.view(n_tok, top_k, -1).to(torch.float32) * weights.view(n_tok, top_k, 1)).sum(dim=1)

@@ -35,6 +35,16 @@ def layer_skipped(prefix: str, names: list[str], packed_modules_mapping: dict[st
     return all(hits)
 
 
+ROUTER_NAMES = ("gate", "router", "shared_expert_gate")
+
+
+def is_moe_router(prefix: str) -> bool:
+    """A MoE router (`...mlp.gate`, `...block_sparse_moe.gate`): tiny, and its top-k choice is
+    sensitive, so it stays in the model dtype, as in AutoAWQ checkpoints and the HF path (whose
+    routers are not nn.Linear). Dense `gate_proj` / `gate_up_proj` layers do not match."""
+    return prefix.rpartition(".")[2] in ROUTER_NAMES
+
+
 class ConfigCommon:
     """Mixin: modules_to_not_convert (substrings) + unquantized_in_checkpoint (exact names)."""
 
@@ -71,5 +81,5 @@ class ConfigCommon:
 
     def is_skipped(self, prefix: str) -> bool:
         mapping = getattr(self, "packed_modules_mapping", None) or {}
-        return (layer_skipped(prefix, self.modules_to_not_convert or [], mapping, exact=False)
+        return (is_moe_router(prefix) or layer_skipped(prefix, self.modules_to_not_convert or [], mapping, exact=False)
                 or layer_skipped(prefix, self.unquantized_in_checkpoint or [], mapping, exact=True))
