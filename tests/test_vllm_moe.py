@@ -150,3 +150,18 @@ def test_moe_intermediate_not_block_multiple_names_layer(tmp_path: Path) -> None
     assert rc != 0
     assert re.search(r"kbit: MoE layer model\.layers\.0\.block_sparse_moe\.experts: intermediate size per TP "
                      r"rank \(full 96\) 48 is not a multiple of 32", out), out[-3000:]
+
+
+def test_expert_tensor_of_other_bits_names_layer(tmp_path: Path) -> None:
+    """A pre-quantized folder whose experts were written with 2 bits but whose config says 3."""
+    import torch
+
+    cfg, st = H.moe_state("mixtral", layers=1, dtype=torch.bfloat16)
+    three, two = H.kbit_state(st, 3, with_codebook=False), H.kbit_state(st, 2, with_codebook=False)
+    mixed = {k: (two[k] if ".experts." in k else v) for k, v in three.items()}
+    folder = H.save_folder(tmp_path / "mixed", cfg, mixed, {"quant_method": "kbit", "bits": 3})
+    rc, out = H.run_llm_subprocess(folder, quantization="kbit", dtype="bfloat16")
+    assert rc != 0
+    assert re.search(r"kbit: MoE tensor model\.layers\.0\.block_sparse_moe\.experts\.w13_weight_packed "
+                     r"\(checkpoint .*\) must have 12 columns \(hidden_size/32\*bits = 128/32\*3\), "
+                     r"got shape \[128, 8\]", out), out[-3000:]

@@ -45,6 +45,8 @@ from .moe_compute import (
 )
 from .vllm_linear import _DONE, _set_param, initialize_online_processing
 
+W13_SHARDS = 2  # [gate; up]: only gated activations are accepted (vLLM 0.25.1 has no moe.w13_num_shards)
+
 _GATED_ACTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
     "gelu": F.gelu,
@@ -171,7 +173,7 @@ class KbitOnlineMoEMethod(_KbitMoEBase):
             raise RuntimeError("kbit: online quantization needs vLLM's layerwise loader (vLLM >= 0.25.1)")
         attrs = {"weight_loader": extra_weight_attrs["weight_loader"]}
         # Only what the checkpoint loads lives on meta (see KbitOnlineLinearMethod).
-        for name, shape in (("w13_weight", (num_experts, self.moe.w13_num_shards * inter, hidden_size)),
+        for name, shape in (("w13_weight", (num_experts, W13_SHARDS * inter, hidden_size)),
                             ("w2_weight", (num_experts, hidden_size, inter))):
             p = Parameter(torch.empty(shape, device="meta", dtype=params_dtype), requires_grad=False)
             layer.register_parameter(name, p)
@@ -202,9 +204,9 @@ class KbitMoEMethod(_KbitMoEBase):
         self._check_dims(hidden_size, inter, inter_full, BLOCK)
         loader = extra_weight_attrs["weight_loader"]
         shapes = {  # name -> (per-rank shape, checkpoint columns, what the columns are)
-            "w13_weight_packed": ((num_experts, self.moe.w13_num_shards * inter, hidden_size // BLOCK * k),
+            "w13_weight_packed": ((num_experts, W13_SHARDS * inter, hidden_size // BLOCK * k),
                                   hidden_size // BLOCK * k, f"hidden_size/32*bits = {hidden_size}/32*{k}"),
-            "w13_weight_absmax": ((num_experts, self.moe.w13_num_shards * inter, hidden_size // BLOCK),
+            "w13_weight_absmax": ((num_experts, W13_SHARDS * inter, hidden_size // BLOCK),
                                   hidden_size // BLOCK, f"hidden_size/32 = {hidden_size}/32"),
             "w2_weight_packed": ((num_experts, hidden_size, inter // BLOCK * k),
                                  inter_full // BLOCK * k, f"intermediate_size/32*bits = {inter_full}/32*{k}"),
@@ -296,7 +298,7 @@ class AwqOrinMoEMethod(_MoEMethodBase):
         if inter % 8 or hid % 8:
             raise ValueError(f"awq_orin: MoE layer {self.prefix}: hidden {hid} and intermediate per rank {inter} "
                              "must be multiples of 8 (eight int4 values per int32)")
-        w13 = self.moe.w13_num_shards * inter
+        w13 = W13_SHARDS * inter
         # AWQ stores [in, out]: is_transposed makes vLLM's loader shard the other dim.
         attrs = {"weight_loader": extra_weight_attrs["weight_loader"], "is_transposed": True,
                  "quant_method": FusedMoeWeightScaleSupported.GROUP.value}
