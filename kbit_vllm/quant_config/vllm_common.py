@@ -40,8 +40,9 @@ ROUTER_NAMES = ("gate", "router", "shared_expert_gate")
 
 def is_moe_router(prefix: str) -> bool:
     """A MoE router (`...mlp.gate`, `...block_sparse_moe.gate`): tiny, and its top-k choice is
-    sensitive, so it stays in the model dtype, as in AutoAWQ checkpoints and the HF path (whose
-    routers are not nn.Linear). Dense `gate_proj` / `gate_up_proj` layers do not match."""
+    sensitive, so online quantization keeps it in the model dtype, as AutoAWQ checkpoints and the
+    HF path do (HF routers are not nn.Linear). Dense `gate_proj` / `gate_up_proj` do not match.
+    Checkpoints decide for themselves (unquantized_in_checkpoint)."""
     return prefix.rpartition(".")[2] in ROUTER_NAMES
 
 
@@ -81,5 +82,5 @@ class ConfigCommon:
 
     def is_skipped(self, prefix: str) -> bool:
         mapping = getattr(self, "packed_modules_mapping", None) or {}
-        return (is_moe_router(prefix) or layer_skipped(prefix, self.modules_to_not_convert or [], mapping, exact=False)
+        return (layer_skipped(prefix, self.modules_to_not_convert or [], mapping, exact=False)
                 or layer_skipped(prefix, self.unquantized_in_checkpoint or [], mapping, exact=True))

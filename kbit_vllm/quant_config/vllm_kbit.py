@@ -22,7 +22,7 @@ from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMetho
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 
 from ..formats import check_bits, check_codebook, normal_float_codebook
-from .vllm_common import ConfigCommon
+from .vllm_common import ConfigCommon, is_moe_router
 
 PACKED_SUFFIX = ".weight_packed"
 ABSMAX_SUFFIX = ".weight_absmax"
@@ -125,7 +125,7 @@ class KbitConfig(ConfigCommon, QuantizationConfig):
         from ..layers.vllm_linear import KbitLinearMethod, KbitOnlineLinearMethod
 
         if isinstance(layer, LinearBase):
-            if self.is_skipped(prefix):
+            if self.is_skipped(prefix) or (not self.prequantized and is_moe_router(prefix)):
                 return UnquantizedLinearMethod()
             cls = KbitLinearMethod if self.prequantized else KbitOnlineLinearMethod
             return cls(self.bits, self.codebook, prefix)
