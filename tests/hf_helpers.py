@@ -88,16 +88,35 @@ def write_awq_checkpoint(src: str, dst: str, group_size: int = 64,
     return dense
 
 
-def save_tiny_mixtral(path: str, seed: int = 0) -> str:
+def save_tiny_mixtral(path: str, seed: int = 0, intermediate: int = INTER) -> str:
     """Random-init tiny Mixtral (4 experts, top-2): transformers 5.x fuses experts into 3-D params."""
     from transformers import MixtralConfig, MixtralForCausalLM
 
     torch.manual_seed(seed)
-    cfg = MixtralConfig(hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=2, num_attention_heads=4,
+    cfg = MixtralConfig(hidden_size=HIDDEN, intermediate_size=intermediate, num_hidden_layers=2, num_attention_heads=4,
                         num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64, num_local_experts=4,
                         num_experts_per_tok=2, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
                         pad_token_id=0)
     model = MixtralForCausalLM(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.08)
+    model.save_pretrained(path)
+    return path
+
+
+def save_tiny_qwen3_moe(path: str, seed: int = 0, moe_intermediate: int = 64) -> str:
+    """Random-init tiny Qwen3-MoE (8 experts, top-2, renormalized): fused 3-D experts in transformers 5.x."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen3MoeConfig(hidden_size=HIDDEN, intermediate_size=INTER, moe_intermediate_size=moe_intermediate,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         vocab_size=VOCAB, max_position_embeddings=64, num_experts=8, num_experts_per_tok=2,
+                         norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=False,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    model = Qwen3MoeForCausalLM(cfg)
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() >= 2:

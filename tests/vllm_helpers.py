@@ -67,9 +67,45 @@ def llama_state(hidden: int = 128, inter: int = 256, layers: int = 2, heads: int
     return cfg, state
 
 
+def moe_state(kind: str = "mixtral", hidden: int = 128, inter: int = 128, layers: int = 2, experts: int = 4,
+              top_k: int = 2, seed: int = 0,
+              dtype: torch.dtype = torch.bfloat16) -> tuple[Any, dict[str, torch.Tensor]]:
+    """(config, state dict) of a random tiny Mixtral or Qwen3-MoE, with per-expert tensor names as the
+    original checkpoints store them (`experts.<e>.w1.weight` / `experts.<e>.gate_proj.weight`)."""
+    import tempfile
+
+    from safetensors.torch import load_file
+    from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    common = dict(vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.1,
+                  tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    if kind == "mixtral":
+        cfg = MixtralConfig(intermediate_size=inter, num_local_experts=experts, num_experts_per_tok=top_k, **common)
+        cls = MixtralForCausalLM
+    elif kind == "qwen3_moe":
+        cfg = Qwen3MoeConfig(intermediate_size=2 * inter, moe_intermediate_size=inter, num_experts=experts,
+                             num_experts_per_tok=top_k, norm_topk_prob=True, head_dim=hidden // 4,
+                             decoder_sparse_step=1, mlp_only_layers=[], **common)
+        cls = Qwen3MoeForCausalLM
+    else:
+        raise ValueError(kind)
+    torch.manual_seed(seed)
+    model = cls(cfg).to(dtype)
+    with torch.no_grad():  # experts are 3-D parameters that _init_weights may leave at zero
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.1)
+    cfg.torch_dtype = dtype
+    with tempfile.TemporaryDirectory() as d:  # save_pretrained writes the original per-expert names
+        model.save_pretrained(d)
+        state = load_file(os.path.join(d, "model.safetensors"))
+    return cfg, state
+
+
 def is_quantizable(name: str) -> bool:
-    """Decoder linear weights; embeddings, norms and lm_head stay unquantized."""
-    return name.endswith("_proj.weight") and ".layers." in name
+    """Decoder linear and expert weights; embeddings, norms, routers and lm_head stay unquantized."""
+    return ".layers." in name and (name.endswith("_proj.weight") or (".experts." in name and name.endswith(".weight")))
 
 
 def save_folder(path: Path, cfg: Any, state: dict[str, torch.Tensor],
@@ -217,3 +253,30 @@ def assert_logprobs_close(a: list[Gen], b: list[Gen], tol: float) -> None:
                 break
             d = abs(ga.logprobs[i] - gb.logprobs[i])
             assert d <= tol, f"prompt {n} step {i} token {ta}: logprob diff {d:.4f} > {tol}"
+
+
+def assert_matches_hf(folder: str | Path, gens: list[Gen], tol: float, model: Any = None) -> None:
+    """vLLM's greedy tokens and logprobs agree with a transformers forward (fp32) over the same ids.
+
+    An independent reference: the HF model runs the folder's weights with its own kernels. At a
+    step where HF prefers another token, the two must be within tol (a near-tie) and the
+    comparison of that prompt stops there.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if model is None:
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    for prompt, gen in zip(PROMPTS, gens, strict=True):
+        ids = tok(prompt, return_tensors="pt").input_ids
+        full = torch.cat([ids, torch.tensor([gen.ids])], dim=1)
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=full).logits.float(), dim=-1)[0]
+        for i, t in enumerate(gen.ids):
+            step = logp[ids.shape[1] - 1 + i]
+            assert abs(float(step[t]) - gen.logprobs[i]) <= tol, \
+                f"{prompt!r} step {i}: HF {float(step[t]):.4f} vs vLLM {gen.logprobs[i]:.4f}"
+            hf_best = int(step.argmax())
+            if hf_best != t:
+                assert float(step[hf_best] - step[t]) <= tol, f"{prompt!r} step {i}: {hf_best} vs {t}"
+                break

@@ -20,6 +20,8 @@ from transformers.quantizers.quantizers_utils import get_module_from_name, shoul
 
 from ..formats import normal_float_codebook
 from ..layers.hf_linear import KBIT_SERIALIZED, AwqOrinLinear, KbitLinear, check_kbit_shape
+from ..layers.hf_moe import EXPERT_PROJS, KBIT_EXPERT_SUFFIXES, KbitExperts, fused_experts_shape, has_fused_experts
+from ..layers.moe_compute import kbit_quantize_experts
 from ..ops import kbit_quantize
 from .hf_configs import AwqOrinConfig, KbitConfig
 
@@ -66,13 +68,61 @@ def _resolved_skips(quantizer: HfQuantizer, model: nn.Module, requested: list[st
     return sorted(set(skip))
 
 
-def _log_experts_left(model: nn.Module, method: str) -> None:
-    """transformers 5.x fuses MoE experts into 3-D Parameters that Linear replacement does not see."""
-    experts = [n for n, m in model.named_modules()
-               if any(p.dim() == 3 for p in m.parameters(recurse=False))]
+def _log_experts_left(model: nn.Module, method: str, skip: list[str] | None = None) -> None:
+    """Fused 3-D expert modules left in the model dtype: explicitly skipped, or a layout we do not handle."""
+    experts = [n for n, m in model.named_modules() if has_fused_experts(m) and not isinstance(m, KbitExperts)]
     if experts:
-        logger.warning("%s: %d fused MoE expert modules (e.g. '%s') are not quantized and stay in the model dtype",
-                       method, len(experts), experts[0])
+        why = "skipped or not a supported layout" if skip is not None else "not supported by this method"
+        logger.warning("%s: %d fused MoE expert modules (e.g. '%s') are not quantized (%s) and stay in the "
+                       "model dtype", method, len(experts), experts[0], why)
+
+
+def _experts_to_convert(model: nn.Module, skip: list[str]) -> list[tuple[str, nn.Module, tuple[int, int, int]]]:
+    out = []
+    for name, m in model.named_modules():
+        shape = fused_experts_shape(m)
+        if shape is not None and should_convert_module(name, skip):
+            out.append((name, m, shape))
+    return out
+
+
+def _suffixed_expert_converters(conversions: list[Any], projs: set[str]) -> list[Any]:
+    """Copies of the model's per-expert merge converters for the kbit companions.
+
+    E.g. Mixtral's ``.experts.*.w1.weight`` + ``.experts.*.w3.weight`` -> ``.experts.gate_up_proj``
+    gets ``.experts.*.w1.weight_packed`` + ``...w3.weight_packed`` -> ``.experts.gate_up_proj_packed``
+    (same for ``_absmax``), with the same merge ops. Loading merges saved per-expert tensors into
+    the stacked params; saving reverses it, so the folder keeps the checkpoint's per-expert names.
+    """
+    from copy import deepcopy
+
+    from transformers.core_model_loading import WeightConverter
+
+    existing = {tuple(getattr(c, "_original_target_patterns", c.target_patterns)) for c in conversions}
+    out = []
+    for conv in conversions:
+        if not isinstance(conv, WeightConverter):
+            continue
+        sources = list(getattr(conv, "_original_source_patterns", conv.source_patterns))
+        targets = list(getattr(conv, "_original_target_patterns", conv.target_patterns))
+        if (len(targets) != 1 or targets[0].rpartition(".")[2] not in projs
+                or not all(src.endswith(".weight") for src in sources)):
+            continue
+        for suffix in KBIT_EXPERT_SUFFIXES:
+            new_src, new_tgt = [src + suffix for src in sources], [targets[0] + suffix]
+            if tuple(new_tgt) in existing:
+                continue
+            if hasattr(conv, "copy"):
+                out.append(conv.copy(new_src, new_tgt, operations=deepcopy(conv.operations)))
+            else:  # pragma: no cover - transformers without WeightTransform.copy
+                new = WeightConverter(source_patterns=new_src, target_patterns=new_tgt,
+                                      operations=deepcopy(conv.operations))
+                for attr in ("scope_prefix", "base_model_prefix"):
+                    if hasattr(conv, attr):
+                        setattr(new, attr, getattr(conv, attr))
+                out.append(new)
+            existing.add(tuple(new_tgt))
+    return out
 
 
 class KbitQuantizeOp(ConversionOps):
@@ -90,6 +140,12 @@ class KbitQuantizeOp(ConversionOps):
         out: dict[str, torch.Tensor] = {}
         for key, value in input_dict.items():
             w = value[0] if isinstance(value, list) else value
+            if w.dim() == 3:  # fused experts `<module>.gate_up_proj` / `.down_proj` [E, out, in]
+                codebook = self.hf_quantizer.codebook(w.device)
+                out[key + "_packed"], out[key + "_absmax"] = kbit_quantize_experts(w, codebook, qc.bits, key)
+                out[key] = w.new_empty(0)
+                self.hf_quantizer.n_quantized += 1
+                continue
             prefix = key[: -len("weight")]
             layer = prefix.rstrip(".")
             codebook = self.hf_quantizer.codebook(w.device)
@@ -176,15 +232,30 @@ class KbitHfQuantizer(_WeightOnlyQuantizer):
                 new = KbitLinear(lin.in_features, lin.out_features, lin.bias is not None, qc.bits, dtype,
                                  quantize_on_load=not self.pre_quantized, layer_name=name)
             model.set_submodule(name, new)
-        logger.info("kbit: %s %d linear layers at %d bits (skipped: %s)",
-                    "loading" if self.pre_quantized else "quantizing", len(targets), qc.bits, skip)
-        _log_experts_left(model, "kbit")
+        experts = _experts_to_convert(model, skip)
+        for name, mod, (n_exp, hidden, inter) in experts:
+            with torch.device("meta"):
+                new = KbitExperts(n_exp, hidden, inter, qc.bits, mod.act_fn, dtype,
+                                  quantize_on_load=not self.pre_quantized, layer_name=name)
+            model.set_submodule(name, new)
+        logger.info("kbit: %s %d linear layers and %d MoE expert modules at %d bits (skipped: %s)",
+                    "loading" if self.pre_quantized else "quantizing", len(targets), len(experts), qc.bits, skip)
+        _log_experts_left(model, "kbit", skip)
+
+    def update_weight_conversions(self, weight_conversions: list[Any], model: nn.Module | None = None) -> list[Any]:
+        """Also merge saved per-expert ``weight_packed`` / ``weight_absmax`` into the stacked experts.
+
+        (``model`` is absent in transformers 5.17's signature; the base method is not called because
+        5.17 and 5.23 differ, and kbit needs none of its serialized-name machinery.)
+        """
+        return list(weight_conversions) + _suffixed_expert_converters(weight_conversions, set(EXPERT_PROJS))
 
     def param_needs_quantization(self, model: nn.Module, param_name: str, **kwargs: Any) -> bool:
         if self.pre_quantized:
             return False
         module, name = get_module_from_name(model, param_name)
-        return isinstance(module, KbitLinear) and name == "weight"
+        return ((isinstance(module, KbitLinear) and name == "weight")
+                or (isinstance(module, KbitExperts) and name in EXPERT_PROJS))
 
     def get_quantize_ops(self) -> ConversionOps:
         return KbitQuantizeOp(self)
@@ -205,8 +276,22 @@ class KbitHfQuantizer(_WeightOnlyQuantizer):
                                  f"weight_absmax uint8 [{m.out_features}, {m.in_features // 32}], "
                                  f"codebook fp32 [{1 << m.bits}])")
             m.repack_()
+        for name, m in [(n, m) for n, m in model.named_modules() if isinstance(m, KbitExperts)]:
+            missing = [p + s for p in EXPERT_PROJS for s in KBIT_EXPERT_SUFFIXES if not _loaded(getattr(m, p + s))]
+            if missing:
+                raise ValueError(f"kbit: MoE experts '{name}' are missing {missing} in the checkpoint (expected "
+                                 f"gate_up_proj_packed int32 [{m.num_experts}, {2 * m.intermediate_dim}, "
+                                 f"{m.hidden_dim // 32 * m.bits}] and the like, or per-expert "
+                                 "'experts.<e>.<proj>.weight_packed' / 'weight_absmax' tensors)")
+            m.repack_(self.codebook(m.gate_up_proj_packed.device))
+        # save_pretrained reverses model._weight_conversions: add the companions' converters so the
+        # experts are saved per expert, like the checkpoint they were quantized from.
+        used = getattr(model, "_weight_conversions", None)
+        if used is not None:
+            model._weight_conversions = list(used) + _suffixed_expert_converters(used, set(EXPERT_PROJS))
         if not self.pre_quantized:
-            logger.info("kbit: quantized %d linear layers to %d bits", self.n_quantized, self.quantization_config.bits)
+            logger.info("kbit: quantized %d linear / expert weights to %d bits", self.n_quantized,
+                        self.quantization_config.bits)
         return model
 
     def is_serializable(self, *args: Any, **kwargs: Any) -> bool:

@@ -14,7 +14,7 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 
 from ..formats import AWQ_GROUP_SIZES
 from .vllm_common import ConfigCommon
-from .vllm_kbit import checkpoint_tensor_names, is_moe_layer, moe_not_implemented
+from .vllm_kbit import checkpoint_tensor_names, is_moe_layer
 
 
 class AwqOrinConfig(ConfigCommon, QuantizationConfig):
@@ -76,5 +76,9 @@ class AwqOrinConfig(ConfigCommon, QuantizationConfig):
                 return UnquantizedLinearMethod()
             return AwqOrinLinearMethod(self.group_size, prefix)
         if is_moe_layer(layer):
-            raise moe_not_implemented("awq_orin", prefix)
+            from ..layers.vllm_moe import AwqOrinMoEMethod
+
+            if self.experts_skipped(prefix):
+                return None  # vLLM's unquantized MoE method
+            return AwqOrinMoEMethod(layer.moe_config, self.group_size, prefix)
         return None

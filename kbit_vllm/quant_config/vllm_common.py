@@ -35,6 +35,17 @@ def layer_skipped(prefix: str, names: list[str], packed_modules_mapping: dict[st
     return all(hits)
 
 
+ROUTER_NAMES = ("gate", "router", "shared_expert_gate")
+
+
+def is_moe_router(prefix: str) -> bool:
+    """A MoE router (`...mlp.gate`, `...block_sparse_moe.gate`): tiny, and its top-k choice is
+    sensitive, so online quantization keeps it in the model dtype, as AutoAWQ checkpoints and the
+    HF path do (HF routers are not nn.Linear). Dense `gate_proj` / `gate_up_proj` do not match.
+    Checkpoints decide for themselves (unquantized_in_checkpoint)."""
+    return prefix.rpartition(".")[2] in ROUTER_NAMES
+
+
 class ConfigCommon:
     """Mixin: modules_to_not_convert (substrings) + unquantized_in_checkpoint (exact names)."""
 
@@ -61,6 +72,13 @@ class ConfigCommon:
             self.modules_to_not_convert = hf_to_vllm_mapper.apply_list(self.modules_to_not_convert)
         if self.unquantized_in_checkpoint:
             self.unquantized_in_checkpoint = hf_to_vllm_mapper.apply_list(self.unquantized_in_checkpoint)
+
+    def experts_skipped(self, prefix: str) -> bool:
+        """A MoE layer (prefix `...experts`) stays unquantized when modules_to_not_convert names it
+        or the checkpoint stores its experts (`<prefix>.<e>.<proj>.weight`) as plain tensors."""
+        if any(n in prefix for n in self.modules_to_not_convert or []):
+            return True
+        return any(n.startswith(prefix + ".") for n in self.unquantized_in_checkpoint or [])
 
     def is_skipped(self, prefix: str) -> bool:
         mapping = getattr(self, "packed_modules_mapping", None) or {}

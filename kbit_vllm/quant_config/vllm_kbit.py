@@ -22,7 +22,7 @@ from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMetho
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 
 from ..formats import check_bits, check_codebook, normal_float_codebook
-from .vllm_common import ConfigCommon
+from .vllm_common import ConfigCommon, is_moe_router
 
 PACKED_SUFFIX = ".weight_packed"
 ABSMAX_SUFFIX = ".weight_absmax"
@@ -57,12 +57,6 @@ def checkpoint_tensor_names(model: str, revision: str | None = None) -> list[str
         return list(get_safetensors_params_metadata(model, revision=revision))
     except Exception:  # no metadata just means "decide by the config"
         return None
-
-
-def moe_not_implemented(method: str, prefix: str) -> NotImplementedError:
-    return NotImplementedError(
-        f"{method}: MoE expert layers ({prefix}) are not supported yet; quantize only dense models, "
-        "or list the experts in modules_to_not_convert once MoE support lands")
 
 
 def is_moe_layer(layer: torch.nn.Module) -> bool:
@@ -131,10 +125,15 @@ class KbitConfig(ConfigCommon, QuantizationConfig):
         from ..layers.vllm_linear import KbitLinearMethod, KbitOnlineLinearMethod
 
         if isinstance(layer, LinearBase):
-            if self.is_skipped(prefix):
+            if self.is_skipped(prefix) or (not self.prequantized and is_moe_router(prefix)):
                 return UnquantizedLinearMethod()
             cls = KbitLinearMethod if self.prequantized else KbitOnlineLinearMethod
             return cls(self.bits, self.codebook, prefix)
         if is_moe_layer(layer):
-            raise moe_not_implemented("kbit", prefix)
+            from ..layers.vllm_moe import KbitMoEMethod, KbitOnlineMoEMethod
+
+            if self.experts_skipped(prefix):
+                return None  # vLLM's unquantized MoE method
+            cls_moe = KbitMoEMethod if self.prequantized else KbitOnlineMoEMethod
+            return cls_moe(layer.moe_config, self.bits, self.codebook, prefix)
         return None  # embeddings, lm_head, attention: unquantized

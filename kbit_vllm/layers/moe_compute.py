@@ -1,0 +1,128 @@
+"""Routed-expert MoE math shared by the vLLM FusedMoE methods and the HF experts modules.
+
+One forward for both frameworks: sort the (token, k) pairs by expert on the device, gather
+their rows, run the gate/up grouped GEMM, the gated activation, the down grouped GEMM, then
+weight each pair by its router weight and sum the k pairs of each token. Every step has a
+static shape and no host sync (no ``.item()``/``.tolist()``, no ``nonzero``), so the whole
+function traces under torch.compile and records into a CUDA graph; only the grouped ops
+read ``expert_offsets``, and they do it on the device (the CPU reference op may read them
+on the host, which is inside the op).
+
+Also the per-expert quantize / repack helpers, so both frameworks stack experts the same way.
+Calls only ``kbit_vllm.ops``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .. import ops
+
+GroupedLinear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""(rows sorted by expert [N, in], expert_offsets int32 [E+1]) -> [N, out]."""
+
+
+def sort_by_expert(topk_ids: torch.Tensor, num_experts: int, expert_map: torch.Tensor | None = None,
+                   mask_foreign: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Order the flattened (token, k) pairs by local expert, on the device.
+
+    Returns (order [T*K] int64, expert_offsets [E+1] int32, local [T*K] bool or None).
+    ``expert_map`` maps global to local expert ids (-1: another EP rank owns it). Pairs whose
+    expert is not local (mapped to -1, or any id outside [0, E) when ``mask_foreign``) are
+    routed to the last local expert so every row belongs to some group and the offsets end
+    at T*K, as the grouped ops require; ``local`` marks them so the caller zeroes their
+    weight. That costs their GEMM rows, and keeps every shape static.
+    """
+    ids = topk_ids.reshape(-1).to(torch.int64)
+    if expert_map is not None:
+        ids = expert_map.to(torch.int64)[ids]
+    local = None
+    if expert_map is not None or mask_foreign:
+        local = (ids >= 0) & (ids < num_experts)
+        ids = torch.where(local, ids, torch.full_like(ids, num_experts - 1))
+    sorted_ids, order = torch.sort(ids, stable=True)
+    bounds = torch.arange(num_experts + 1, device=ids.device, dtype=sorted_ids.dtype)
+    offsets = torch.searchsorted(sorted_ids, bounds, out_int32=True)
+    return order, offsets, local
+
+
+def moe_forward(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
+                w13: GroupedLinear, w2: GroupedLinear, act_fn: Callable[[torch.Tensor], torch.Tensor],
+                expert_map: torch.Tensor | None = None, apply_router_weight_on_input: bool = False,
+                mask_foreign: bool = False) -> torch.Tensor:
+    """sum_k w[t,k] * down_e(act(gate_e(x_t)) * up_e(x_t)), e = topk_ids[t,k]; x [T, H] -> [T, H].
+
+    w13 returns [gate | up] (concatenated halves) per row. The k partial outputs of a token
+    are put back in (token, k) order by index_copy_ (unique indices: deterministic, unlike an
+    atomic index_add_) and summed in fp32.
+    """
+    n_tok = x.shape[0]
+    top_k = topk_ids.shape[-1]
+    order, offsets, local = sort_by_expert(topk_ids, num_experts, expert_map, mask_foreign)
+    weights = topk_weights.reshape(-1).to(torch.float32)
+    if local is not None:
+        weights = torch.where(local, weights, torch.zeros_like(weights))
+    rows = x.index_select(0, order // top_k)
+    if apply_router_weight_on_input:  # vLLM: scale the input rows, then sum outputs unweighted
+        rows = (rows.to(torch.float32) * weights.index_select(0, order).unsqueeze(-1)).to(x.dtype)
+        weights = local.to(torch.float32) if local is not None else torch.ones_like(weights)
+    gate_up = w13(rows, offsets)
+    inter = gate_up.shape[-1] // 2
+    # In fp32 with one rounding, like vLLM's silu_and_mul kernels.
+    act = (act_fn(gate_up[:, :inter].to(torch.float32)) * gate_up[:, inter:].to(torch.float32)).to(x.dtype)
+    down = w2(act, offsets)
+    pairs = torch.empty_like(down).index_copy_(0, order, down)
+    out = (pairs.view(n_tok, top_k, -1).to(torch.float32) * weights.view(n_tok, top_k, 1)).sum(dim=1)
+    return out.to(x.dtype)
+
+
+def check_expert_dims(layer: str, method: str, hidden: int, inter: int, block: int, inter_desc: str) -> None:
+    """Both expert GEMMs reduce over a dim that must split into whole blocks (hidden for gate/up,
+    the per-rank intermediate for down); raise naming the layer otherwise."""
+    if hidden % block:
+        raise ValueError(f"{method}: MoE layer {layer}: hidden_size {hidden} is not a multiple of {block}; "
+                         "keep the experts unquantized (modules_to_not_convert)")
+    if inter % block:
+        raise ValueError(f"{method}: MoE layer {layer}: {inter_desc} {inter} is not a multiple of {block}; "
+                         "lower tensor_parallel_size or keep the experts unquantized (modules_to_not_convert)")
+
+
+def kbit_quantize_experts(w: torch.Tensor, codebook: torch.Tensor, k: int,
+                          layer: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """[E, out, in] float -> serialized (packed int32 [E, out, in/32*k], absmax uint8 [E, out, in/32]).
+
+    One expert at a time, so the quantizer's temporaries stay at one expert's size.
+    """
+    if w.dim() != 3:
+        raise ValueError(f"kbit: experts {layer}: expected a 3-D [experts, out, in] weight, got {list(w.shape)}")
+    n_exp, out_f, in_f = w.shape
+    packed = w.new_empty((n_exp, out_f, in_f // 32 * k), dtype=torch.int32)
+    absmax = w.new_empty((n_exp, out_f, in_f // 32), dtype=torch.uint8)
+    for e in range(n_exp):
+        try:
+            packed[e], absmax[e] = ops.kbit_quantize(w[e].contiguous(), codebook, k)
+        except ValueError as err:
+            raise ValueError(f"kbit: cannot quantize expert {e} of {layer}: {err}") from err
+    return packed, absmax
+
+
+def kbit_repack_experts(packed: torch.Tensor, absmax: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Serialized [E, out, ...] -> tiled [E, n_tiles, in/32, k, TILE_N] / [E, n_tiles, in/32, TILE_N]."""
+    tiles = [ops.kbit_repack(packed[e].contiguous(), absmax[e].contiguous(), k) for e in range(packed.shape[0])]
+    return torch.stack([t[0] for t in tiles]), torch.stack([t[1] for t in tiles])
+
+
+def kbit_unrepack_experts(packed_t: torch.Tensor, absmax_t: torch.Tensor, k: int,
+                          out_features: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tiled [E, ...] -> serialized [E, out, in/32*k] / [E, out, in/32] (for saving)."""
+    flat = [ops.kbit_unrepack(packed_t[e], absmax_t[e], k, out_features) for e in range(packed_t.shape[0])]
+    return torch.stack([f[0] for f in flat]), torch.stack([f[1] for f in flat])
+
+
+def kbit_grouped(packed_t: torch.Tensor, absmax_t: torch.Tensor, codebook: torch.Tensor, k: int,
+                 out_features: int) -> GroupedLinear:
+    """A GroupedLinear over one stacked tiled kbit weight."""
+    return lambda rows, offsets: ops.kbit_grouped_linear(rows, packed_t, absmax_t, codebook, offsets, k,
+                                                         out_features)
