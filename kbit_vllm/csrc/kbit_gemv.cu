@@ -14,7 +14,7 @@
 // cluster's rank-0 CTA sums every partial in a fixed order through distributed shared memory
 // (deterministic; no workspace, no atomics).
 // k = 5 (gemv_shfl_kernel): the codebook lives in lane registers and is read with a shuffle.
-#include "kbit_tile.cuh"
+#include "kbit_lut.cuh"
 
 #include <cooperative_groups.h>
 
@@ -150,23 +150,11 @@ int launch_gemv_shfl_k(const void* x, const void* pt, const uint8_t* at, const f
 // ---- table-decode GEMV (k = 2..4) ------------------------------------------------------------
 
 constexpr int kLutU = 4;                 // blocks in flight per warp
-constexpr int kLutWords = 256 * 32;      // [pair code][lane] half2 words (32 KB)
 constexpr int kLutXBudget = 16 * 1024;   // bytes of staged x per chunk
 constexpr int kLutMaxThreads = 256;
 
 template <typename T> struct LutMath { static constexpr bool kHalf = false; static constexpr int kXBytes = 128; };
 template <> struct LutMath<half> { static constexpr bool kHalf = true; static constexpr int kXBytes = 64; };
-
-__device__ __forceinline__ uint32_t h2_bits(half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
-__device__ __forceinline__ half2 bits_h2(uint32_t u) { return *reinterpret_cast<half2*>(&u); }
-
-// Shared address offset (bytes, lane column included) of the table entry for pair i of group g.
-template <int I>
-__device__ __forceinline__ uint32_t lut_off(uint32_t gw, int g, uint32_t lane4) {
-    // rotr(gw, g) has code (g, n) in nibble n; rotating a further 8i - 7 puts byte i at bits 7..14.
-    const uint32_t v = rotr32(gw, (g + 8 * I + 25) & 31);
-    return (v & 0x7F80u) | lane4;
-}
 
 template <typename T, int K, int M>
 __global__ void __launch_bounds__(kLutMaxThreads, 4) gemv_lut_kernel(
@@ -191,12 +179,7 @@ __global__ void __launch_bounds__(kLutMaxThreads, 4) gemv_lut_kernel(
     float* red = reinterpret_cast<float*>(xs_raw + static_cast<size_t>(chunk) * M * LutMath<T>::kXBytes);
 
     // Table: entry e (word e * 32 + lane) = (codebook[e & 15], codebook[e >> 4]) for every lane.
-    constexpr int kMask = (1 << K) - 1;
-    for (int i = threadIdx.x; i < 256 * 8; i += blockDim.x) {
-        const int e = i >> 3, q = i & 7;
-        const uint32_t w = h2_bits(__floats2half2_rn(__ldg(codebook + (e & kMask)), __ldg(codebook + ((e >> 4) & kMask))));
-        reinterpret_cast<uint4*>(tbl + e * 32)[q] = make_uint4(w, w, w, w);
-    }
+    build_pair_lut<K, half>(tbl, codebook, threadIdx.x, blockDim.x);
 
     const int tile = rg >> 2, sub = rg & 3;
     const uint32_t* P = packed_t + static_cast<size_t>(tile) * nb * K * kTileN + sub * 32 + lane;
