@@ -12,8 +12,14 @@ template <typename T>
 int launch_grouped_gemv(const void* x, const void* pt, const uint8_t* at, const float* cb, const int* offs, void* y,
                         int k, int n_exp, int rows, int N, int nb, int slots, int rgpc, int wk, cudaStream_t s);
 template <typename T>
+int launch_grouped_gemv_sk(const void* x, const void* pt, const uint8_t* at, const float* cb, const int* offs,
+                           void* y, int k, int n_exp, int rows, int N, int nb, int mp, int max_items, int ctas,
+                           float* accum, int* counters, cudaStream_t stream);
+template <typename T>
+int grouped_gemv_sk_ctas_per_sm(int k, int mp);
+template <typename T>
 int launch_grouped_mma(const void* x, const void* pt, const uint8_t* at, const float* cb, const int* offs, void* y,
-                       int k, int n_exp, int rows, int N, int nb, int bm, int items, int splits, float* ws,
+                       int k, int n_exp, int rows, int N, int nb, int bm, int items, int splits, int det, float* ws,
                        int* counters, cudaStream_t s);
 }  // namespace kbit
 
@@ -35,11 +41,21 @@ extern "C" {
         return kbit::launch_grouped_gemv<T>(x, pt, at, cb, offs, y, k, n_exp, rows, N, nb, slots, rgpc, wk,        \
                                             static_cast<cudaStream_t>(stream));                                    \
     }                                                                                                              \
+    int kbit_vllm_grouped_gemv_sk_##SUFFIX(const void* x, const void* pt, const uint8_t* at, const float* cb,     \
+                                           const int* offs, void* y, int k, int n_exp, int rows, int N, int nb,    \
+                                           int mp, int max_items, int ctas, float* accum, int* counters,           \
+                                           void* stream) {                                                         \
+        return kbit::launch_grouped_gemv_sk<T>(x, pt, at, cb, offs, y, k, n_exp, rows, N, nb, mp, max_items, ctas, \
+                                               accum, counters, static_cast<cudaStream_t>(stream));                \
+    }                                                                                                              \
+    int kbit_vllm_grouped_gemv_sk_ctas_per_sm_##SUFFIX(int k, int mp) {                                            \
+        return kbit::grouped_gemv_sk_ctas_per_sm<T>(k, mp);                                                        \
+    }                                                                                                              \
     int kbit_vllm_grouped_mma_##SUFFIX(const void* x, const void* pt, const uint8_t* at, const float* cb,         \
                                        const int* offs, void* y, int k, int n_exp, int rows, int N, int nb, int bm, \
-                                       int items, int splits, float* ws, int* counters, void* stream) {            \
-        return kbit::launch_grouped_mma<T>(x, pt, at, cb, offs, y, k, n_exp, rows, N, nb, bm, items, splits, ws,   \
-                                           counters, static_cast<cudaStream_t>(stream));                           \
+                                       int items, int splits, int det, float* ws, int* counters, void* stream) {   \
+        return kbit::launch_grouped_mma<T>(x, pt, at, cb, offs, y, k, n_exp, rows, N, nb, bm, items, splits, det,  \
+                                           ws, counters, static_cast<cudaStream_t>(stream));                       \
     }                                                                                                              \
     int kbit_vllm_awq_grouped_gemv_##SUFFIX(const void* x, const int32_t* wq, const void* sz, const int* offs,    \
                                             void* y, int n_exp, int rows, int in, int out, int group, int slots,   \

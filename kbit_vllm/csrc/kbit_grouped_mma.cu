@@ -6,19 +6,24 @@
 // the expert's rows), found by moe::find_item over the device offsets (the host sizes y from an
 // upper bound; surplus CTAs exit at once); z = K split.
 // CTA tile: BM rows x 128 features x a K range; 8 warps as kWM (along M) x kWN (along N), each
-// holding kMT m16 x kNT n8 fp32 accumulator tiles (BM <= 32: 1 x 8, each warp all rows x 16
-// features, as kbit_mma.cu; BM >= 64: 2 x 4, each warp BM/2 rows x 32 features, halving the x
-// fragments each warp loads per MMA). A 4-stage cp.async pipeline brings per stage 2
+// holding kMT m16 x kNT n8 fp32 accumulator tiles. BM <= 64: 1 x 8, each warp all rows x 16
+// features, so every weight is decoded once per CTA (the decode, not the MMA, bounds these
+// tiles); BM = 128: 2 x 4, each warp 64 rows x 32 features, halving the x fragments each warp
+// reads from shared memory (shared-memory bandwidth bounds this tile). A 4-stage cp.async pipeline brings per stage 2
 // quantization blocks (64 of K): the tile's plane words and absmax bytes (contiguous in the tiled
 // layout) and the x rows (XOR-swizzled 16-byte chunks, read with ldmatrix; rows past the
 // expert's end are zero-filled). Each thread decodes exactly its B fragments: lane % 4 is the
 // layout's group g. k = 2..4: each fragment register is one pair-table lookup (kbit_lut.cuh,
 // entries in the activation dtype) times the block scale (one 16-bit x2 multiply); k = 5: the
 // lane codebook shuffle as in kbit_mma.cu.
-// Split-K as in kbit_mma.cu: fp32 partials to workspace[split] ([splits, rows, N]); the last CTA
-// of a (work item, n-tile) (counter, atomicAdd) sums them in a fixed order (deterministic),
-// writes y and resets its counter to 0.
-#include "kbit_lut.cuh"
+// Split-K: the last CTA of a (work item, n-tile) (counter, atomicAdd) writes y and resets its
+// counter to 0. Default mode: every split adds its fp32 sums into a zeroed accumulator [rows, N]
+// with reductions in L2 (no waiting), and the last CTA reads each sum once and re-zeroes it; the
+// order of those additions varies, so the low bits of y may too. Deterministic mode
+// (KBIT_VLLM_DETERMINISTIC=1, backends/cuda/dispatch.py): partials go to workspace[split]
+// ([splits, rows, N]) and the last CTA sums them in split order, one batch of independent loads
+// per split (a load per split and value in series would cost ~splits x 64 L2 round trips).
+#include "kbit_sk.cuh"
 #include "mma_ptx.cuh"
 #include "moe_common.cuh"
 
@@ -39,7 +44,7 @@ using ptx::smem_u32;
 
 template <int K, int BM>
 struct GmmaCfg {
-    static constexpr int kWM = BM >= 64 ? 2 : 1;  // warps along M
+    static constexpr int kWM = BM >= 128 ? 2 : 1;  // warps along M
     static constexpr int kWN = 8 / kWM;           // warps along N
     static constexpr int kMT = BM / kWM / 16;     // m16 tiles per warp
     static constexpr int kNT = kTileN / kWN / 8;  // n8 tiles per warp
@@ -67,11 +72,23 @@ __device__ __forceinline__ uint32_t mul2<__nv_bfloat16>(uint32_t a, uint32_t b) 
     return *reinterpret_cast<const uint32_t*>(&r);
 }
 
+// Add (a, b) into dst[0], dst[1] (b only if has_b) in L2 without waiting; pair: one 8-byte reduction.
+__device__ __forceinline__ void red_add_pair(float* dst, bool pair, float a, float b, bool has_b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (pair) {
+        asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst), "f"(a), "f"(b) : "memory");
+        return;
+    }
+#endif
+    atomicAdd(dst, a);
+    if (has_b) atomicAdd(dst + 1, b);
+}
+
 template <typename T, int K, int BM>
 __global__ void __launch_bounds__(kGmThreads, BM >= 128 ? 1 : 2) grouped_mma_kernel(
     const T* __restrict__ x, const uint32_t* __restrict__ packed_t, const uint8_t* __restrict__ absmax_t,
     const float* __restrict__ codebook, const int* __restrict__ offs, T* __restrict__ y, int n_exp, int rows, int N,
-    int nb, int splits, float* __restrict__ ws, int* __restrict__ counters) {
+    int nb, int splits, int det, float* __restrict__ ws, int* __restrict__ counters) {
     using S = GmmaCfg<K, BM>;
     extern __shared__ __align__(16) unsigned char smem_gmma[];
     moe::Item it;
@@ -163,7 +180,7 @@ __global__ void __launch_bounds__(kGmThreads, BM >= 128 ? 1 : 2) grouped_mma_ker
                 uint32_t p[K];
 #pragma unroll
                 for (int b = 0; b < K; ++b) p[b] = b_s[(blk * K + b) * kTileN + c];
-                const float sc = decode_e4m4(abs_s[blk * kTileN + c]);
+                const float sc = decode_e4m4_fast(abs_s[blk * kTileN + c]);
                 if constexpr (S::kLut) {
                     const uint32_t gw = group_word<K>(p, g);
                     const uint32_t s2 = pack2<T>(sc, sc);
@@ -199,16 +216,29 @@ __global__ void __launch_bounds__(kGmThreads, BM >= 128 ? 1 : 2) grouped_mma_ker
     const int rbase = m0 + wm * S::kMT * 16 + (lane >> 2);
     const int cbase = tile * kTileN + wn * S::kNT * 8 + 2 * g;
     if (splits > 1) {
-        float* wsp = ws + static_cast<size_t>(split) * rows * N;
+        if (det) {
+            float* wsp = ws + static_cast<size_t>(split) * rows * N;
 #pragma unroll
-        for (int i = 0; i < S::kMT; ++i)
+            for (int i = 0; i < S::kMT; ++i)
 #pragma unroll
-            for (int s = 0; s < S::kNT; ++s)
+                for (int s = 0; s < S::kNT; ++s)
 #pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    const int r = rbase + 16 * i + 8 * (q >> 1), c = cbase + 8 * s + (q & 1);
-                    if (r < m1 && c < N) wsp[static_cast<size_t>(r) * N + c] = acc[i][s][q];
-                }
+                    for (int q = 0; q < 4; ++q) {
+                        const int r = rbase + 16 * i + 8 * (q >> 1), c = cbase + 8 * s + (q & 1);
+                        if (r < m1 && c < N) wsp[static_cast<size_t>(r) * N + c] = acc[i][s][q];
+                    }
+        } else {
+#pragma unroll
+            for (int i = 0; i < S::kMT; ++i)
+#pragma unroll
+                for (int s = 0; s < S::kNT; ++s)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int r = rbase + 16 * i + 8 * h, c = cbase + 8 * s;
+                        if (r < m1 && c < N) red_add_pair(ws + static_cast<size_t>(r) * N + c, c + 1 < N && !(N & 1),
+                                                          acc[i][s][2 * h], acc[i][s][2 * h + 1], c + 1 < N);
+                    }
+        }
         __threadfence();
         __syncthreads();
         __shared__ int last;
@@ -217,19 +247,45 @@ __global__ void __launch_bounds__(kGmThreads, BM >= 128 ? 1 : 2) grouped_mma_ker
         __syncthreads();
         if (!last) return;
         __threadfence();
+        if (det) {
+            float own[S::kMT][S::kNT][4];
 #pragma unroll
-        for (int i = 0; i < S::kMT; ++i)
+            for (int i = 0; i < S::kMT; ++i)
 #pragma unroll
-            for (int s = 0; s < S::kNT; ++s)
+                for (int s = 0; s < S::kNT; ++s)
 #pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    const int r = rbase + 16 * i + 8 * (q >> 1), c = cbase + 8 * s + (q & 1);
-                    float sum = 0.f;
-                    if (r < m1 && c < N)
-                        for (int z = 0; z < splits; ++z)
-                            sum += z == split ? acc[i][s][q] : __ldcg(ws + (static_cast<size_t>(z) * rows + r) * N + c);
-                    acc[i][s][q] = sum;
-                }
+                    for (int q = 0; q < 4; ++q) {
+                        own[i][s][q] = acc[i][s][q];
+                        acc[i][s][q] = 0.f;
+                    }
+            for (int z = 0; z < splits; ++z) {  // fixed order; each split's loads are independent
+                const float* src = ws + static_cast<size_t>(z) * rows * N;
+#pragma unroll
+                for (int i = 0; i < S::kMT; ++i)
+#pragma unroll
+                    for (int s = 0; s < S::kNT; ++s)
+#pragma unroll
+                        for (int q = 0; q < 4; ++q) {
+                            const int r = rbase + 16 * i + 8 * (q >> 1), c = cbase + 8 * s + (q & 1);
+                            if (r < m1 && c < N)
+                                acc[i][s][q] += z == split ? own[i][s][q] : __ldcg(src + static_cast<size_t>(r) * N + c);
+                        }
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < S::kMT; ++i)
+#pragma unroll
+                for (int s = 0; s < S::kNT; ++s)
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        const int r = rbase + 16 * i + 8 * (q >> 1), c = cbase + 8 * s + (q & 1);
+                        if (r < m1 && c < N) {
+                            float* src = ws + static_cast<size_t>(r) * N + c;
+                            acc[i][s][q] = __ldcg(src);
+                            __stcg(src, 0.f);
+                        }
+                    }
+        }
         if (tid == 0) *ctr = 0;
     }
 #pragma unroll
@@ -245,8 +301,8 @@ __global__ void __launch_bounds__(kGmThreads, BM >= 128 ? 1 : 2) grouped_mma_ker
 
 template <typename T, int K, int BM>
 int launch_grouped_mma_kbm(const void* x, const void* pt, const uint8_t* at, const float* cb, const int* offs, void* y,
-                           int n_exp, int rows, int N, int nb, int items, int splits, float* ws, int* counters,
-                           cudaStream_t stream) {
+                           int n_exp, int rows, int N, int nb, int items, int splits, int det, float* ws,
+                           int* counters, cudaStream_t stream) {
     using S = GmmaCfg<K, BM>;
     auto kern = grouped_mma_kernel<T, K, BM>;
     if (S::kBytes > 48 * 1024) {
@@ -256,19 +312,19 @@ int launch_grouped_mma_kbm(const void* x, const void* pt, const uint8_t* at, con
     const dim3 grid(static_cast<unsigned>((N + kTileN - 1) / kTileN), static_cast<unsigned>(items),
                     static_cast<unsigned>(splits));
     kern<<<grid, kGmThreads, S::kBytes, stream>>>(static_cast<const T*>(x), static_cast<const uint32_t*>(pt), at, cb,
-                                                   offs, static_cast<T*>(y), n_exp, rows, N, nb, splits, ws, counters);
+                                                   offs, static_cast<T*>(y), n_exp, rows, N, nb, splits, det, ws, counters);
     KBIT_RETURN_LAUNCH_STATUS();
 }
 
 template <typename T, int K>
 int launch_grouped_mma_k(const void* x, const void* pt, const uint8_t* at, const float* cb, const int* offs, void* y,
-                         int n_exp, int rows, int N, int nb, int bm, int items, int splits, float* ws, int* counters,
-                         cudaStream_t s) {
+                         int n_exp, int rows, int N, int nb, int bm, int items, int splits, int det, float* ws,
+                         int* counters, cudaStream_t s) {
     switch (bm) {
-        case 16: return launch_grouped_mma_kbm<T, K, 16>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, items, splits, ws, counters, s);
-        case 32: return launch_grouped_mma_kbm<T, K, 32>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, items, splits, ws, counters, s);
-        case 64: return launch_grouped_mma_kbm<T, K, 64>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, items, splits, ws, counters, s);
-        case 128: return launch_grouped_mma_kbm<T, K, 128>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, items, splits, ws, counters, s);
+        case 16: return launch_grouped_mma_kbm<T, K, 16>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, items, splits, det, ws, counters, s);
+        case 32: return launch_grouped_mma_kbm<T, K, 32>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, items, splits, det, ws, counters, s);
+        case 64: return launch_grouped_mma_kbm<T, K, 64>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, items, splits, det, ws, counters, s);
+        case 128: return launch_grouped_mma_kbm<T, K, 128>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, items, splits, det, ws, counters, s);
         default: return static_cast<int>(cudaErrorInvalidValue);
     }
 }
@@ -276,29 +332,30 @@ int launch_grouped_mma_k(const void* x, const void* pt, const uint8_t* at, const
 }  // namespace
 
 // bm: x rows per CTA tile (16, 32, 64, 128). items: grid rows, an upper bound on the number of
-// (expert, bm-row tile) items: (rows + min(n_exp, rows) * (bm - 1)) / bm. splits: K splits (> 1
-// needs ws [splits, rows, N] fp32 and counters [items * n_tiles] int32, zero on entry; left zero).
+// (expert, bm-row tile) items: (rows + min(n_exp, rows) * (bm - 1)) / bm. splits: K splits; > 1
+// needs counters [items * n_tiles] int32 (zero on entry, left zero) and ws: det != 0, the fp32
+// partials [splits, rows, N] (any contents); det == 0, a zeroed fp32 accumulator [rows, N] (left zero).
 template <typename T>
 int launch_grouped_mma(const void* x, const void* pt, const uint8_t* at, const float* cb, const int* offs, void* y,
-                       int k, int n_exp, int rows, int N, int nb, int bm, int items, int splits, float* ws,
+                       int k, int n_exp, int rows, int N, int nb, int bm, int items, int splits, int det, float* ws,
                        int* counters, cudaStream_t s) {
     if (rows <= 0 || N <= 0) return 0;
     if (nb <= 0 || n_exp <= 0 || items < 1 || items > 65535 || splits < 1 || splits > 65535 ||
         (splits > 1 && (ws == nullptr || counters == nullptr)))
         return static_cast<int>(cudaErrorInvalidValue);
     switch (k) {
-        case 2: return launch_grouped_mma_k<T, 2>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, bm, items, splits, ws, counters, s);
-        case 3: return launch_grouped_mma_k<T, 3>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, bm, items, splits, ws, counters, s);
-        case 4: return launch_grouped_mma_k<T, 4>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, bm, items, splits, ws, counters, s);
-        case 5: return launch_grouped_mma_k<T, 5>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, bm, items, splits, ws, counters, s);
+        case 2: return launch_grouped_mma_k<T, 2>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, bm, items, splits, det, ws, counters, s);
+        case 3: return launch_grouped_mma_k<T, 3>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, bm, items, splits, det, ws, counters, s);
+        case 4: return launch_grouped_mma_k<T, 4>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, bm, items, splits, det, ws, counters, s);
+        case 5: return launch_grouped_mma_k<T, 5>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, bm, items, splits, det, ws, counters, s);
         default: return static_cast<int>(cudaErrorInvalidValue);
     }
 }
 
 template int launch_grouped_mma<half>(const void*, const void*, const uint8_t*, const float*, const int*, void*, int,
-                                      int, int, int, int, int, int, int, float*, int*, cudaStream_t);
+                                      int, int, int, int, int, int, int, int, float*, int*, cudaStream_t);
 template int launch_grouped_mma<__nv_bfloat16>(const void*, const void*, const uint8_t*, const float*, const int*,
-                                               void*, int, int, int, int, int, int, int, int, float*, int*,
+                                               void*, int, int, int, int, int, int, int, int, int, float*, int*,
                                                cudaStream_t);
 
 }  // namespace kbit

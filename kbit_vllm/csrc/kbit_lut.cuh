@@ -17,6 +17,11 @@ constexpr int kLutWords = 256 * 32;  // [pair code][lane] words (32 KB)
 __device__ __forceinline__ uint32_t h2_bits(half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
 __device__ __forceinline__ half2 bits_h2(uint32_t u) { return *reinterpret_cast<half2*>(&u); }
 
+// bf16 pair (lo, hi) of one 32-bit word as two floats (exact).
+__device__ __forceinline__ float2 bf16x2_to_float2(uint32_t u) {
+    return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xFFFF0000u));
+}
+
 // Shared address offset (bytes, lane column included) of the table entry for pair I of group g.
 template <int I>
 __device__ __forceinline__ uint32_t lut_off(uint32_t gw, int g, uint32_t lane4) {

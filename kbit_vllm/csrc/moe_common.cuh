@@ -63,4 +63,19 @@ __device__ __forceinline__ bool find_item(const int* __restrict__ offs, int n_ex
     return false;
 }
 
+// Total item count of the list above (every lane gets it): the same clamping and the same
+// per-expert counts as find_item, so find_item(w) succeeds exactly for w < count_items().
+__device__ __forceinline__ int count_items(const int* __restrict__ offs, int n_exp, int rows, int rows_per_item) {
+    const int lane = threadIdx.x & 31;
+    int total = 0;
+    for (int e = lane; e < n_exp; e += 32) {
+        const int a = min(max(offs[e], 0), rows);
+        const int b = min(max(offs[e + 1], a), rows);
+        total += rows_per_item > 0 ? (b - a + rows_per_item - 1) / rows_per_item : (b > a ? 1 : 0);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+    return total;
+}
+
 }  // namespace moe

@@ -111,17 +111,21 @@ def awq_linear(x, wq, sz, bias, group_size, out_features):
 # One launch covers every expert; the kernels read expert_offsets on the device, and grid sizes
 # come from host-known shapes only (graph-capturable, no host sync). The choice follows the
 # expected rows per active expert (kbit's dispatch.grouped_rows_per_expert): the grouped GEMV up to
-# GROUPED_GEMV_MAX rows, else the grouped MMA with a 16/32/64-row tile. First guesses, to be
-# measured with benchmarks/bench_moe.py.
+# GROUPED_GEMV_MAX rows, else the grouped MMA with the row tile of GROUPED_BM ((largest rows per
+# expert, tile) entries; more rows take 64). H200, bench_moe.py per-tile table (.device/6): GEMV
+# best to 4 rows per expert (seed8 T=8: mma bm16 11.7 vs gemv 16.3 us); bm16 to 8 rows, bm32 at 16
+# (qwen128 T=256: 98 vs 139 / 151 us), bm64 from 32 (qwen128 T=512: 151 vs 156, 134 vs 137 us).
 GROUPED_GEMV_MAX = {90: 4}
+GROUPED_BM = {90: ((8, 16), (16, 32))}
 
 
 def grouped_mma_config(rows: int, n_exp: int, in_f: int, out_f: int, sms: int,
-                       bm: int | None = None) -> tuple[int, int, int]:
-    """(bm, items, splits): row tile, the grid's work-item bound, K splits for ~2 waves of CTAs."""
+                       bm: int | None = None, cc: int = 90) -> tuple[int, int, int]:
+    """(bm, items, splits): row tile, the grid's work-item bound, K splits for ~2 waves of CTAs
+    (cc: compute capability as 10 * major + minor, for the row-tile table)."""
     active = max(1, min(n_exp, rows))
     per = dispatch.grouped_rows_per_expert(rows, n_exp)
-    bm = bm or dispatch.grouped_bm(per, largest=64)
+    bm = bm or dispatch.pick_bm(per, GROUPED_BM.get(cc, GROUPED_BM[90]), 64)
     items = (rows + active * (bm - 1)) // bm
     tiles = active * -(-per // bm) * ((out_f + 127) // 128)
     k_tiles = in_f // 32
@@ -155,7 +159,9 @@ def grouped_path(x2: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, offsets: 
             return y
         if path != "mma":
             raise ValueError(f"unknown awq_grouped_linear path {path!r}")
-        bm, items, splits = grouped_mma_config(rows, n_exp, in_f, out_features, sm_count(x2.device), bm)
+        cap = torch.cuda.get_device_capability(x2.device)
+        bm, items, splits = grouped_mma_config(rows, n_exp, in_f, out_features, sm_count(x2.device), bm,
+                                               cap[0] * 10 + cap[1])
         ws = torch.empty((splits * rows * out_features if splits > 1 else 0,), dtype=torch.float32, device=x2.device)
         check(getattr(LIB, f"kbit_vllm_awq_grouped_mma_{suffix}")(
             _ptr(x2), _ptr(wq), _ptr(sz), _ptr(offsets), _ptr(y), _ptr(ws if splits > 1 else None), *dims,

@@ -110,6 +110,8 @@ def _scratch(device: torch.device, kind: str, numel: int) -> torch.Tensor:
     size = max(numel, 2 * held[-1].numel() if held else 0, 1 << 16)
     if kind == "counters":
         t = torch.zeros(size, dtype=torch.int32, device=device)
+    elif kind == "accum":  # zeroed fp32 sums, left zeroed by the kernels that use them
+        t = torch.zeros(size, dtype=torch.float32, device=device)
     else:
         t = torch.empty(size, dtype=torch.float32, device=device)
     if not torch.cuda.is_current_stream_capturing():
@@ -206,7 +208,7 @@ def kbit_linear(x: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch
 
 
 def grouped_gemv_config(n: int, nb: int, slots: int, sms: int) -> tuple[int, int]:
-    """(rgpc, wk) for the grouped GEMV: 32-row groups per CTA and warps per row group along K, so
+    """(rgpc, wk) for the slot GEMV: 32-row groups per CTA and warps per row group along K, so
     that ~16 warps per SM (two CTAs of 8 fit in registers) each stream >= 8 blocks, counting
     `slots` experts (the most that can have rows)."""
     n_rg = 4 * ((n + 127) // 128)
@@ -216,12 +218,36 @@ def grouped_gemv_config(n: int, nb: int, slots: int, sms: int) -> tuple[int, int
     return rgpc, wk
 
 
-def grouped_mma_config(rows: int, n_exp: int, n: int, nb: int, sms: int, bm: int | None = None) -> tuple[int, int, int]:
+_GSK_OCC: dict[tuple[int, int, int, str], int] = {}
+GSK_WARPS = 8  # warps per CTA of the grouped stream-K GEMV (csrc/kbit_grouped_gemv_sk.cu)
+GSK_MIN_UNITS = 2  # (item, tile, block) units per warp at least (the kernel's own bound)
+GSK_MAX_ROWS = 4  # rows per pass: the kernel is instantiated for 1..4
+
+
+def grouped_gemv_sk_config(dev: torch.device, sfx: str, k: int, rows: int, n_exp: int, n: int,
+                           nb: int) -> tuple[int, int, int]:
+    """(mp, max_items, ctas) for the grouped stream-K GEMV: rows per pass (the expected rows per
+    active expert, at most 4), the bound on (expert, pass) items, and a one-wave grid (resident
+    CTAs per SM x SMs, fewer when even max_items cannot feed them); ctas 0 = not usable (k = 5)."""
+    mp = min(GSK_MAX_ROWS, dispatch.grouped_rows_per_expert(rows, n_exp))
+    slots = min(n_exp, rows)
+    max_items = (rows + slots * (mp - 1)) // mp
+    if k > 4:
+        return mp, max_items, 0
+    key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, mp, sfx)
+    if key not in _GSK_OCC:
+        _GSK_OCC[key] = int(getattr(LIB, f"kbit_vllm_grouped_gemv_sk_ctas_per_sm_{sfx}")(_i(k), _i(mp)))
+    units = max_items * ((n + 127) // 128) * nb
+    return mp, max_items, max(1, min(_GSK_OCC[key] * _sms(dev), -(-units // (GSK_WARPS * GSK_MIN_UNITS))))
+
+
+def grouped_mma_config(rows: int, n_exp: int, n: int, nb: int, sms: int, bm: int | None = None,
+                       capability: tuple[int, int] = (9, 0)) -> tuple[int, int, int]:
     """(bm, items, splits) for the grouped MMA: the row tile, the grid's work-item bound and the
     K splits that bring the expected CTAs to ~2 per SM (1 for bm=128, which fills an SM)."""
     active = max(1, min(n_exp, rows))
     per = dispatch.grouped_rows_per_expert(rows, n_exp)
-    bm = bm or dispatch.grouped_bm(per)
+    bm = bm or dispatch.grouped_bm(per, capability)
     items = (rows + active * (bm - 1)) // bm  # sum over experts of ceil(rows_e / bm), at most
     tiles = active * -(-per // bm) * ((n + 127) // 128)
     target = (1 if bm >= 128 else 2) * sms
@@ -237,8 +263,10 @@ def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
                  out: torch.Tensor | None = None) -> torch.Tensor:
     """y [rows, out] for a contiguous 2-D fp16/bf16 x (rows sorted by expert) through one kernel.
 
-    offsets: int32 [E + 1] on the device. Public so tests and benchmarks can run every path (and
-    every MMA row tile); out, if given, receives the result (tests poison it first).
+    offsets: int32 [E + 1] on the device. Paths: "gemv" is the stream-K GEMV over the active
+    experts (k <= 4, outside deterministic mode), else the slot GEMV, which "gemv_slot" names
+    directly; "mma" the grouped MMA (row tile bm, default by the expected rows per expert). Public
+    so tests and benchmarks can run every path; out, if given, receives the result (tests poison it).
     """
     rows, in_f = x2.shape
     nb = in_f // 32
@@ -250,7 +278,18 @@ def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
         return y
     slots = min(n_exp, rows)
     stream = _stream(dev)
-    if path == "gemv":
+    n_tiles = (out_features + 127) // 128
+    if path == "gemv" and not dispatch.deterministic():
+        mp, max_items, ctas = grouped_gemv_sk_config(dev, sfx, k, rows, n_exp, out_features, nb)
+        if ctas > 0:
+            acc = _scratch(dev, "accum", max_items * n_tiles * 128 * mp)
+            ctr = _scratch(dev, "counters", max_items * n_tiles)
+            check(getattr(LIB, f"kbit_vllm_grouped_gemv_sk_{sfx}")(
+                _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(offsets), _ptr(y), _i(k),
+                _i(n_exp), _i(rows), _i(out_features), _i(nb), _i(mp), _i(max_items), _i(ctas), _ptr(acc),
+                _ptr(ctr), stream), "kbit_grouped_linear (gemv)")
+            return y
+    if path in ("gemv", "gemv_slot"):
         rgpc, wk = grouped_gemv_config(out_features, nb, slots, _sms(dev))
         check(getattr(LIB, f"kbit_vllm_grouped_gemv_{sfx}")(
             _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(offsets), _ptr(y), _i(k),
@@ -259,15 +298,18 @@ def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
         return y
     if path != "mma":
         raise ValueError(f"unknown kbit_grouped_linear path {path!r}")
-    bm, items, splits = grouped_mma_config(rows, n_exp, out_features, nb, _sms(dev), bm)
+    bm, items, splits = grouped_mma_config(rows, n_exp, out_features, nb, _sms(dev), bm,
+                                           torch.cuda.get_device_capability(dev))
+    det = dispatch.deterministic()
     ws = ctr = None
     if splits > 1:
-        ws = _scratch(dev, "partials", splits * rows * out_features)
-        ctr = _scratch(dev, "counters", items * ((out_features + 127) // 128))
+        ws = (_scratch(dev, "partials", splits * rows * out_features) if det
+              else _scratch(dev, "accum", rows * out_features))
+        ctr = _scratch(dev, "counters", items * n_tiles)
     check(getattr(LIB, f"kbit_vllm_grouped_mma_{sfx}")(
         _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(offsets), _ptr(y), _i(k), _i(n_exp),
-        _i(rows), _i(out_features), _i(nb), _i(bm), _i(items), _i(splits), _ptr(ws), _ptr(ctr), stream),
-        "kbit_grouped_linear (mma)")
+        _i(rows), _i(out_features), _i(nb), _i(bm), _i(items), _i(splits), _i(int(det)), _ptr(ws), _ptr(ctr),
+        stream), "kbit_grouped_linear (mma)")
     return y
 
 
