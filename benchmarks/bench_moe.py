@@ -166,6 +166,8 @@ def bench_shape(scen: str, n_exp: int, topk: int, shape: str, in_f: int, out_f: 
             runs += [("mma", "mma", None), ("op", None, None)]
             if f in SWEEP_BM:  # every MMA row tile, to place the dispatch thresholds
                 runs += [(f"mma_bm{bm}", "mma", bm) for bm in SWEEP_BM[f]]
+                if f != "awq" and rpe <= 8:  # the fixed-order slot GEMV (deterministic mode's)
+                    runs.append(("gemv_slot", "gemv_slot", None))
             for key, path, bm in runs:
                 try:
                     r[key] = time_graph([st.call(c, x, offs, path, bm) for c in cps])
@@ -220,11 +222,13 @@ def print_sweep(rows: list[dict]) -> None:
         if not sel:
             continue
         print(f"\n### {f}: grouped GEMV and MMA per row tile (µs; rpe = rows / min(experts, rows))\n")
-        print("| scenario | shape | tokens | rpe | gemv | " + " | ".join(f"mma bm{b}" for b in bms) + " | op |")
-        print("|---" * (6 + len(bms)) + "|")
+        print("| scenario | shape | tokens | rpe | gemv | gemv slot | " + " | ".join(f"mma bm{b}" for b in bms)
+              + " | op |")
+        print("|---" * (7 + len(bms)) + "|")
         for r in sel:
             rpe = -(-r["rows"] // min(r["experts"], r["rows"]))
             print(f"| {r['scenario']} | {r['shape']} | {r['tokens']} | {rpe} | {fmt(r.get('gemv'))} | "
+                  f"{fmt(r.get('gemv_slot'))} | "
                   + " | ".join(fmt(r.get(f"mma_bm{b}")) for b in bms) + f" | {fmt(r.get('op'))} |")
 
 
