@@ -11,6 +11,7 @@
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
+#include <cuda_runtime.h>
 #include <stdint.h>
 
 namespace awq {
@@ -117,6 +118,72 @@ __device__ __forceinline__ void store_quad_rows(const typename Vec2<T>::type (&w
 // Offset of column group c's scale pairs for input k in the resident sz [in/group, out, 2].
 __device__ __forceinline__ size_t pair_scale_offset(int k, int group, int out, int c) {
     return (static_cast<size_t>(k / group) * out + c * 8) * 2;
+}
+
+// ---- GEMV / small batch (awq_gemv.cu, awq_grouped_gemv.cu) ----------------------------------
+
+constexpr int kGemvWarps = 8;  // warps per GEMV CTA
+
+__device__ __forceinline__ int4 load_stream(const int4* p) {
+    int4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+// acc[m][o] += sum over k in this warp's quads (kq0, kq0 + kq_step, ...) of x[m, k] * W[8c + o, k],
+// for one column group c of one weight (wrow = its row of 16-byte quads of the resident wq).
+// Rows m > last_row read row last_row (the caller ignores their sums), so a partial pass never
+// reads outside x. Each word is dequantized once (LOP3 + one hfma2 per pair) and used for all M rows.
+template <typename T, int M>
+__device__ __forceinline__ void gemv_accumulate(const T* __restrict__ x, int in, int last_row,
+                                                const int4* __restrict__ wrow, const T* __restrict__ sz, int out,
+                                                int group, int c, int kq0, int kq_step, float (&acc)[M][8]) {
+    using T2 = typename Vec2<T>::type;
+    const int quads = in / 4;
+    // Deeper unrolling keeps more 16-byte loads in flight where registers allow (small M).
+#pragma unroll(M <= 2 ? 4 : 2)
+    for (int kq = kq0; kq < quads; kq += kq_step) {
+        const int4 wv = load_stream(wrow + kq);
+        const int k0 = kq * 4;
+        T2 s2[4], b2[4], w[4][4];
+        load_pair_scales<T>(sz + pair_scale_offset(k0, group, out, c), s2, b2);
+        dequant_quad<T>(wv, s2, b2, w);
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+            const uint2 xr =
+                __ldg(reinterpret_cast<const uint2*>(x + static_cast<size_t>(min(m, last_row)) * in + k0));
+            const T* xv = reinterpret_cast<const T*>(&xr);
+            T2 part[4];
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+                T2 xt;
+                xt.x = xv[t];
+                xt.y = xv[t];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) part[j] = t == 0 ? __hmul2(w[t][j], xt) : __hfma2(w[t][j], xt, part[j]);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float2 f = to_float2<T>(part[j]);
+                acc[m][2 * j] += f.x;
+                acc[m][2 * j + 1] += f.y;
+            }
+        }
+    }
+}
+
+// Warps per column group: the fewest K splits that still give ~32 warps per SM (4 CTAs of 8) over
+// `col_groups` column groups in all, so long per-warp streams amortize the reduction while every
+// SM stays busy; each warp keeps >= 2 loop iterations. Host side.
+inline int warps_per_group(int in, long long col_groups) {
+    int dev = 0, sms = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    const long long target = 32LL * (sms > 0 ? sms : 132);
+    int wpo = 1;
+    while (wpo < kGemvWarps && col_groups * wpo < target && in / (128 * wpo * 2) >= 2) wpo <<= 1;
+    return wpo;
 }
 
 }  // namespace awq

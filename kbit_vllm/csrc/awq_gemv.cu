@@ -5,20 +5,12 @@
 
 namespace awq {
 
-constexpr int kWarps = 8;
-
-__device__ __forceinline__ int4 load_stream(const int4* p) {
-    int4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
+constexpr int kWarps = kGemvWarps;
 
 template <typename T, int M>
 __global__ void __launch_bounds__(kWarps * 32)
 gemv_kernel(const T* __restrict__ x, const int4* __restrict__ wq, const T* __restrict__ sz,
             const T* __restrict__ bias, T* __restrict__ y, int in, int out, int group, int wpo) {
-    using T2 = typename Vec2<T>::type;
     __shared__ float red[kWarps][M * 8];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int c = blockIdx.x * (kWarps / wpo) + warp / wpo;  // column group: outputs 8c..8c+7
@@ -31,37 +23,8 @@ gemv_kernel(const T* __restrict__ x, const int4* __restrict__ wq, const T* __res
         for (int o = 0; o < 8; ++o) acc[m][o] = 0.f;
 
     if (valid) {
-        const int quads = in / 4;
-        const int4* wrow = wq + static_cast<size_t>(c) * quads;
-        // Deeper unrolling keeps more 16-byte loads in flight where registers allow (small M).
-#pragma unroll(M <= 2 ? 4 : 2)
-        for (int kq = wi * 32 + lane; kq < quads; kq += wpo * 32) {
-            const int4 wv = load_stream(wrow + kq);
-            const int k0 = kq * 4;
-            T2 s2[4], b2[4], w[4][4];
-            load_pair_scales<T>(sz + pair_scale_offset(k0, group, out, c), s2, b2);
-            dequant_quad<T>(wv, s2, b2, w);
-#pragma unroll
-            for (int m = 0; m < M; ++m) {
-                const uint2 xr = __ldg(reinterpret_cast<const uint2*>(x + static_cast<size_t>(m) * in + k0));
-                const T* xv = reinterpret_cast<const T*>(&xr);
-                T2 part[4];
-#pragma unroll
-                for (int t = 0; t < 4; ++t) {
-                    T2 xt;
-                    xt.x = xv[t];
-                    xt.y = xv[t];
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) part[j] = t == 0 ? __hmul2(w[t][j], xt) : __hfma2(w[t][j], xt, part[j]);
-                }
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const float2 f = to_float2<T>(part[j]);
-                    acc[m][2 * j] += f.x;
-                    acc[m][2 * j + 1] += f.y;
-                }
-            }
-        }
+        const int4* wrow = wq + static_cast<size_t>(c) * (in / 4);
+        gemv_accumulate<T, M>(x, in, M - 1, wrow, sz, out, group, c, wi * 32 + lane, wpo * 32, acc);
     }
     // Butterfly-reduce each of the M*8 sums over the lanes; lane (i % 32) keeps sum i.
 #pragma unroll
@@ -94,19 +57,6 @@ static void launch(const T* x, const int4* wq, const T* sz, const T* bias, T* y,
     gemv_kernel<T, M><<<grid, kWarps * 32, 0, stream>>>(x, wq, sz, bias, y, in, out, group, wpo);
 }
 
-// Warps per column group: the fewest K splits that still give ~32 warps per SM (4 CTAs of 8),
-// so long per-warp streams amortize the reduction while every SM stays busy; each warp keeps
-// >= 2 loop iterations.
-static int warps_per_group(int in, int out) {
-    int dev = 0, sms = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    const long long target = 32LL * (sms > 0 ? sms : 132);
-    int wpo = 1;
-    while (wpo < kWarps && static_cast<long long>(out / 8) * wpo < target && in / (128 * wpo * 2) >= 2) wpo <<= 1;
-    return wpo;
-}
-
 template <typename T>
 int gemv(const void* x, const int32_t* wq, const void* sz, const void* bias, void* y, int m, int in,
          int out, int group, cudaStream_t stream) {
@@ -116,7 +66,7 @@ int gemv(const void* x, const int32_t* wq, const void* sz, const void* bias, voi
     const T* st = static_cast<const T*>(sz);
     const T* bt = static_cast<const T*>(bias);
     T* yt = static_cast<T*>(y);
-    const int wpo = warps_per_group(in, out);
+    const int wpo = warps_per_group(in, out / 8);
     switch (m) {
         case 1: launch<T, 1>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
         case 2: launch<T, 2>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;

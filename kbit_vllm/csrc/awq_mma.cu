@@ -1,146 +1,24 @@
 // awq_orin tensor-core kernel for mid M: mma.sync.m16n8k16 (fp32 accumulate) over tiles of
-// BM tokens x 128 outputs x 32 inputs. Activations arrive by cp.async; weight words arrive in
-// registers one k-tile ahead, are dequantized with LOP3 (awq_common.cuh) into a padded shared
-// tile W[n][k], and both operands feed the MMA through ldmatrix. Split-K writes fp32 partial
-// sums to a torch-allocated workspace [splits, M, out]; awq_splitk_reduce sums them in a fixed
-// order (deterministic), adds the bias and converts.
-#include "awq_common.cuh"
-#include "mma_ptx.cuh"
+// BM tokens x 128 outputs x 32 inputs (the tile body, shared with the grouped MoE kernel, is in
+// awq_mma_tile.cuh). Split-K writes fp32 partial sums to a torch-allocated workspace
+// [splits, M, out]; splitk_reduce sums them in a fixed order (deterministic), adds the bias and
+// converts.
+#include "awq_mma_tile.cuh"
 
 namespace awq {
-
-constexpr int kBN = 128, kBK = 32, kPad = 8, kLd = kBK + kPad;  // smem row stride (elements)
-constexpr int kThreads = 128;                                   // 4 warps, each 32 outputs
-
-using ptx::cp_async16;
-using ptx::cp_async_commit;
-using ptx::ldmatrix_x4;
-using ptx::mma16816;
-
-// Dequantize one thread's 4 words (column group c, inputs k..k+3) into W[8c'..8c'+7][k'..k'+3].
-// Dequantize one thread's 4 words (column group c, inputs k..k+3) into W[8c'..8c'+7][k'..k'+3].
-template <typename T>
-__device__ __forceinline__ void dequant_to_smem(const int4& wv, const T* __restrict__ szp, T* w_s, int c_local, int k_local) {
-    using T2 = typename Vec2<T>::type;
-    T2 s2[4], b2[4], w[4][4];
-    load_pair_scales<T>(szp, s2, b2);
-    dequant_quad<T>(wv, s2, b2, w);
-    store_quad_rows<T>(w, w_s + c_local * 8 * kLd + k_local, kLd);
-}
 
 template <typename T, int BM>
 __global__ void __launch_bounds__(kThreads)
 mma_kernel(const T* __restrict__ x, const int32_t* __restrict__ wq, const T* __restrict__ sz,
            const T* __restrict__ bias, T* __restrict__ y, float* __restrict__ partial,
            int M, int in, int out, int group, int k_tiles_per_split) {
-    __shared__ __align__(16) T a_s[2][BM * kLd];
-    __shared__ __align__(16) T w_s[2][kBN * kLd];
-    constexpr int MT = BM / 16;  // m16 tiles per warp
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int n0 = blockIdx.x * kBN, m0 = blockIdx.y * BM;
-    const int k_tiles = in / kBK;
     const int kt_begin = blockIdx.z * k_tiles_per_split;
-    const int kt_end = min(k_tiles, kt_begin + k_tiles_per_split);
-
-    // Weight loads: thread -> (column group tid / 8 of this tile, inputs 4 * (tid % 8) .. +3).
-    const int c_local = tid >> 3, k_local = (tid & 7) * 4;
-    const int c_global = n0 / 8 + c_local;
-    const bool c_ok = c_global < out / 8;
-    const int4* wrow = reinterpret_cast<const int4*>(wq + static_cast<size_t>(c_ok ? c_global : 0) * in);
-
-    auto load_a = [&](int stage, int kt) {
-        constexpr int chunks = BM * kBK / 8;  // 16-byte chunks
-#pragma unroll
-        for (int i = tid; i < chunks; i += kThreads) {
-            const int r = i / (kBK / 8), ch = i % (kBK / 8);
-            const bool ok = m0 + r < M;
-            const T* src = x + static_cast<size_t>(ok ? m0 + r : 0) * in + kt * kBK + ch * 8;
-            cp_async16(&a_s[stage][r * kLd + ch * 8], src, ok);
-        }
-        cp_async_commit();
-    };
-    auto load_w = [&](int kt) -> int4 {
-        return c_ok ? __ldg(wrow + (kt * kBK + k_local) / 4) : make_int4(0, 0, 0, 0);
-    };
-    auto store_w = [&](int stage, int kt, const int4& wv) {
-        if (c_ok) {
-            dequant_to_smem<T>(wv, sz + pair_scale_offset(kt * kBK + k_local, group, out, c_global), w_s[stage],
-                               c_local, k_local);
-        } else {
-            const uint2 z = make_uint2(0, 0);
-#pragma unroll
-            for (int o = 0; o < 8; ++o) *reinterpret_cast<uint2*>(w_s[stage] + (c_local * 8 + o) * kLd + k_local) = z;
-        }
-    };
-
-    float acc[MT][4][4];
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
-
-    if (kt_begin < kt_end) {
-        load_a(0, kt_begin);
-        store_w(0, kt_begin, load_w(kt_begin));
-    }
-    for (int kt = kt_begin; kt < kt_end; ++kt) {
-        const int stage = (kt - kt_begin) & 1;
-        ptx::cp_async_wait<0>();
-        __syncthreads();
-        const bool more = kt + 1 < kt_end;
-        int4 next_w = make_int4(0, 0, 0, 0);
-        if (more) {
-            load_a(stage ^ 1, kt + 1);
-            next_w = load_w(kt + 1);
-        }
-#pragma unroll
-        for (int ks = 0; ks < kBK; ks += 16) {
-            uint32_t af[MT][4];
-#pragma unroll
-            for (int i = 0; i < MT; ++i)
-                ldmatrix_x4(af[i], &a_s[stage][(i * 16 + (lane & 15)) * kLd + ks + (lane >> 4) * 8]);
-#pragma unroll
-            for (int jp = 0; jp < 2; ++jp) {  // two n8 tiles per ldmatrix.x4
-                uint32_t bf[4];
-                const int n_row = warp * 32 + jp * 16 + (lane & 7) + ((lane >> 4) << 3);
-                ldmatrix_x4(bf, &w_s[stage][n_row * kLd + ks + ((lane >> 3) & 1) * 8]);
-#pragma unroll
-                for (int i = 0; i < MT; ++i) {
-                    mma16816<T>(acc[i][jp * 2], af[i], bf[0], bf[1]);
-                    mma16816<T>(acc[i][jp * 2 + 1], af[i], bf[2], bf[3]);
-                }
-            }
-        }
-        if (more) store_w(stage ^ 1, kt + 1, next_w);
-    }
-
-    // Epilogue: accumulator (i, j, e) -> row m0 + 16i + lane/4 (+8 for e >= 2),
-    // col n0 + 32*warp + 8j + 2*(lane%4) + (e & 1).
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int row = m0 + i * 16 + (lane >> 2) + h * 8;
-                const int col = n0 + warp * 32 + j * 8 + (lane & 3) * 2;
-                if (row >= M || col >= out) continue;
-                float v0 = acc[i][j][h * 2], v1 = acc[i][j][h * 2 + 1];
-                if (partial != nullptr) {
-                    float* p = partial + (static_cast<size_t>(blockIdx.z) * M + row) * out + col;
-                    *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
-                } else {
-                    if (bias != nullptr) { v0 += to_f<T>(bias[col]); v1 += to_f<T>(bias[col + 1]); }
-                    typename Vec2<T>::type o;
-                    o.x = from_f<T>(v0);
-                    o.y = from_f<T>(v1);
-                    *reinterpret_cast<typename Vec2<T>::type*>(y + static_cast<size_t>(row) * out + col) = o;
-                }
-            }
+    const int kt_end = min(in / kBK, kt_begin + k_tiles_per_split);
+    mma_tile<T, BM>(x, wq, sz, bias, y, partial != nullptr ? partial + static_cast<size_t>(blockIdx.z) * M * out : nullptr,
+                    blockIdx.y * BM, M, in, out, group, blockIdx.x * kBN, kt_begin, kt_end);
 }
 
+// Sum of the split-K partials [splits, M, out] in a fixed order (deterministic), + bias, -> y.
 template <typename T>
 __global__ void splitk_reduce(const float* __restrict__ partial, const T* __restrict__ bias, T* __restrict__ y,
                               int splits, int M, int out) {
@@ -152,6 +30,18 @@ __global__ void splitk_reduce(const float* __restrict__ partial, const T* __rest
     if (bias != nullptr) v += to_f<T>(bias[idx % out]);
     y[idx] = from_f<T>(v);
 }
+
+template <typename T>
+int launch_splitk_reduce(const float* partial, const T* bias, T* y, int splits, int M, int out, cudaStream_t stream) {
+    const long long total = static_cast<long long>(M) * out;
+    if (total == 0) return 0;
+    splitk_reduce<T><<<static_cast<unsigned>((total + 255) / 256), 256, 0, stream>>>(partial, bias, y, splits, M, out);
+    return static_cast<int>(cudaGetLastError());
+}
+
+template int launch_splitk_reduce<half>(const float*, const half*, half*, int, int, int, cudaStream_t);
+template int launch_splitk_reduce<__nv_bfloat16>(const float*, const __nv_bfloat16*, __nv_bfloat16*, int, int, int,
+                                                 cudaStream_t);
 
 static int sm_count() {
     int dev = 0, sms = 0;
@@ -192,11 +82,8 @@ int mma(const void* x, const int32_t* wq, const void* sz, const void* bias, void
         mma_kernel<T, 64><<<dim3(gx, (m + 63) / 64, splits), kThreads, 0, stream>>>(xt, wq, st, bt, yt, partial, m, in, out, group, per_split);
     }
     if (cudaError_t e = cudaGetLastError()) return static_cast<int>(e);
-    if (splits > 1) {
-        const long long total = static_cast<long long>(m) * out;
-        splitk_reduce<T><<<static_cast<unsigned>((total + 255) / 256), 256, 0, stream>>>(partial, bt, yt, splits, m, out);
-    }
-    return static_cast<int>(cudaGetLastError());
+    if (splits > 1) return launch_splitk_reduce<T>(partial, bt, yt, splits, m, out, stream);
+    return 0;
 }
 
 template int mma<half>(const void*, const int32_t*, const void*, const void*, void*, float*, int, int, int, int, int, cudaStream_t);

@@ -178,7 +178,8 @@ __global__ void __launch_bounds__(kLutMaxThreads, 4) gemv_lut_kernel(
     char* xs_raw = reinterpret_cast<char*>(tbl + kLutWords);
     float* red = reinterpret_cast<float*>(xs_raw + static_cast<size_t>(chunk) * M * LutMath<T>::kXBytes);
 
-    build_pair_lut<K>(tbl, codebook);
+    // Table: entry e (word e * 32 + lane) = (codebook[e & 15], codebook[e >> 4]) for every lane.
+    build_pair_lut<K, half>(tbl, codebook, threadIdx.x, blockDim.x);
 
     const int tile = rg >> 2, sub = rg & 3;
     const uint32_t* P = packed_t + static_cast<size_t>(tile) * nb * K * kTileN + sub * 32 + lane;

@@ -19,67 +19,12 @@
 // tile (per-tile counter) converts the sums, writes y, and leaves accumulator and counter zero.
 // The order of those fp32 additions varies from run to run, so the low bits of y may too;
 // backends/cuda/dispatch.py picks the cluster GEMV (fixed order) in deterministic mode.
-#include "kbit_lut.cuh"
+#include "kbit_sk.cuh"
 
 #include <type_traits>
 
 namespace kbit {
 
-constexpr int kSkWarps = 8;
-constexpr int kSkThreads = kSkWarps * 32;
-constexpr size_t kSkSmem = 256 * 64 * 4;  // wide pair table: one 256-byte row per entry
-
-// First unit of warp w's range [start(w), start(w + 1)).
-__device__ __forceinline__ long long sk_start(long long w, long long units, long long warps) {
-    return w * units / warps;
-}
-// The warp whose range holds unit u (ranges are never empty: the host keeps warps <= units).
-__device__ __forceinline__ long long sk_owner(long long u, long long units, long long warps) {
-    return ((u + 1) * warps - 1) / units;
-}
-
-// E4M4 without a branch: normal codes are the float bits (raw << 19) + (116 << 23); for e = 0
-// that formula gives 2^-11 + m 2^-15, and the subnormal value m 2^-14 is twice the excess.
-__device__ __forceinline__ float decode_e4m4_fast(uint32_t raw) {
-    const float f = __uint_as_float((raw << 19) + (116u << 23));
-    return raw < 16u ? fmaf(f, 2.f, -0x1p-10f) : f;
-}
-
-// Byte offset of the table entry for pair byte i of v (lane column included): one byte permute
-// puts the lane's byte offset (lane * 4 < 256) in byte 0 and pair byte i in byte 1.
-__device__ __forceinline__ uint32_t wide_lut_off(uint32_t v, int i, uint32_t lane4) {
-    return __byte_perm(v, lane4, 0x5504u | (static_cast<uint32_t>(i) << 4));
-}
-
-// Every thread helps fill the [256][64]-word table (columns 0..31 used); caller synchronizes.
-template <int K>
-__device__ __forceinline__ void build_wide_lut(uint32_t* tbl, const float* __restrict__ codebook) {
-    constexpr int kMask = (1 << K) - 1;
-    for (int i = threadIdx.x; i < 256 * 8; i += blockDim.x) {
-        const int e = i >> 3, q = i & 7;
-        const uint32_t w = h2_bits(__floats2half2_rn(__ldg(codebook + (e & kMask)), __ldg(codebook + ((e >> 4) & kMask))));
-        reinterpret_cast<uint4*>(tbl + e * 64)[q] = make_uint4(w, w, w, w);
-    }
-}
-
-// y-row sums: add 4 floats into the tile accumulator in L2 without waiting for the result.
-__device__ __forceinline__ void red_add4(float* dst, float a, float b, float c, float d) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(a), "f"(b), "f"(c), "f"(d)
-                 : "memory");
-#else
-    atomicAdd(dst, a);
-    atomicAdd(dst + 1, b);
-    atomicAdd(dst + 2, c);
-    atomicAdd(dst + 3, d);
-#endif
-}
-
-// (bf16, bf16) word -> (fp16, fp16) word of the values times a power of two (exact unless tiny).
-__device__ __forceinline__ uint32_t bf16x2_to_scaled_h2(uint32_t u, float scale) {
-    const float2 f = bf16x2_to_float2(u);
-    return h2_bits(__floats2half2_rn(f.x * scale, f.y * scale));
-}
 
 // Per row m of x: bf16 -> a power of two that maps max |x[m]| below 2^10, so the fp16 half2
 // partial sums (8 products of |w| <= 1) stay far from overflow; xinv undoes it on output. fp16
@@ -131,82 +76,6 @@ __device__ __forceinline__ void row_scales(const T* __restrict__ x, int in_f, fl
     }
 }
 
-template <int K>
-__device__ __forceinline__ void sk_load(const uint4* __restrict__ P, const uint32_t* __restrict__ A, long long u,
-                                        int lane, uint4 (&p)[K], uint32_t& a) {
-#pragma unroll
-    for (int b = 0; b < K; ++b) p[b] = __ldg(P + (u * K + b) * 32 + lane);
-    a = __ldg(A + u * 32 + lane);
-}
-
-// acc[r][m] += (row 4*lane + r of this unit) . x[m, block j]
-template <typename T, int K, int M>
-__device__ __forceinline__ void sk_unit(const uint4 (&p)[K], uint32_t a, const uint4* __restrict__ xb, int x_stride4,
-                                        const float (&xscale)[M], const char* tblc, uint32_t lane4,
-                                        float (&acc)[4][M]) {
-    uint32_t gw[4][4];  // rotr(group word, g): nibble n = code of field n
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-        uint32_t wr[K];
-#pragma unroll
-        for (int b = 0; b < K; ++b) wr[b] = r == 0 ? p[b].x : r == 1 ? p[b].y : r == 2 ? p[b].z : p[b].w;
-#pragma unroll
-        for (int g = 0; g < 4; ++g) gw[r][g] = g ? rotr32(group_word<K>(wr, g), g) : group_word<K>(wr, 0);
-    }
-    float s[4];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) s[r] = decode_e4m4_fast((a >> (8 * r)) & 0xFFu);
-
-    // half2 FMA over 8 pairs, then flushed to fp32 times the block scale. bf16 x arrives here as
-    // fp16 scaled by a power of two per row (xscale), exact, so both dtypes share this loop.
-    half2 hp[4][M];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        uint4 xi[M];
-#pragma unroll
-        for (int m = 0; m < M; ++m) {
-            xi[m] = __ldg(xb + m * x_stride4 + i);
-            if constexpr (!std::is_same<T, half>::value) {
-                xi[m].x = bf16x2_to_scaled_h2(xi[m].x, xscale[m]);
-                xi[m].y = bf16x2_to_scaled_h2(xi[m].y, xscale[m]);
-                xi[m].z = bf16x2_to_scaled_h2(xi[m].z, xscale[m]);
-                xi[m].w = bf16x2_to_scaled_h2(xi[m].w, xscale[m]);
-            }
-        }
-        if (i == 0 || i == 2) {
-#pragma unroll
-            for (int r = 0; r < 4; ++r)
-#pragma unroll
-                for (int m = 0; m < M; ++m) {
-                    if (i == 2) {
-                        const float2 f = __half22float2(hp[r][m]);
-                        acc[r][m] = fmaf(f.x + f.y, s[r], acc[r][m]);
-                    }
-                    hp[r][m] = __float2half2_rn(0.f);
-                }
-        }
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-#pragma unroll
-            for (int g = 0; g < 4; ++g) {
-                const half2 w = *reinterpret_cast<const half2*>(tblc + wide_lut_off(gw[r][g], i, lane4));
-#pragma unroll
-                for (int m = 0; m < M; ++m) {
-                    const uint32_t xw = g == 0 ? xi[m].x : g == 1 ? xi[m].y : g == 2 ? xi[m].z : xi[m].w;
-                    hp[r][m] = __hfma2(w, bits_h2(xw), hp[r][m]);
-                }
-            }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < 4; ++r)
-#pragma unroll
-        for (int m = 0; m < M; ++m) {
-            const float2 f = __half22float2(hp[r][m]);
-            acc[r][m] = fmaf(f.x + f.y, s[r], acc[r][m]);
-        }
-}
-
 template <typename T, int M>
 __device__ __forceinline__ void sk_store_rows(T* __restrict__ y, const T* __restrict__ bias, int N, int row0,
                                               const float (&v)[4][M], const float (&xinv)[M]) {
@@ -245,7 +114,9 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
 
     const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
     const char* tblc = reinterpret_cast<const char*>(tbl);
-    const int x_stride4 = nb * 4;  // uint4 per x row
+    int xoff[M];  // uint4 offset of x row m
+#pragma unroll
+    for (int m = 0; m < M; ++m) xoff[m] = m * nb * 4;
     const uint4* x4 = reinterpret_cast<const uint4*>(x);
     int t = static_cast<int>(u0 / nb), j = static_cast<int>(u0 - static_cast<long long>(t) * nb);
     int j_first = j;
@@ -259,7 +130,7 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
         uint4 pn[K];
         uint32_t an = 0;
         if (u + 1 < u1) sk_load<K>(packed_t, absmax_t, u + 1, lane, pn, an);
-        sk_unit<T, K, M>(p, a, x4 + j * 4, x_stride4, xscale, tblc, lane4, acc);
+        sk_unit<T, K, M, !std::is_same<T, half>::value>(p, a, x4 + j * 4, xoff, tblc, lane4, acc, xscale);
 #pragma unroll
         for (int b = 0; b < K; ++b) p[b] = pn[b];
         a = an;
@@ -274,10 +145,7 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
         } else {
             const long long tb = static_cast<long long>(t) * nb;
             float* tacc = accum + (static_cast<size_t>(t) * 32 + lane) * (4 * M);  // [r][m] per lane
-#pragma unroll
-            for (int q = 0; q < M; ++q)
-                red_add4(tacc + 4 * q, acc[(4 * q) / M][(4 * q) % M], acc[(4 * q + 1) / M][(4 * q + 1) % M],
-                         acc[(4 * q + 2) / M][(4 * q + 2) % M], acc[(4 * q + 3) / M][(4 * q + 3) % M]);
+            sk_red_tile<M>(tacc, acc);
             __threadfence();
             __syncwarp();
             const long long wf = sk_owner(tb, units, warps), wl = sk_owner(tb + nb - 1, units, warps);
@@ -287,16 +155,7 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
             if (old == static_cast<int>(wl - wf)) {  // last of this tile's warps
                 __threadfence();
                 float sum[4][M];
-                float4* t4 = reinterpret_cast<float4*>(tacc);
-#pragma unroll
-                for (int q = 0; q < M; ++q) {
-                    const float4 f = __ldcg(t4 + q);
-                    sum[(4 * q) / M][(4 * q) % M] = f.x;
-                    sum[(4 * q + 1) / M][(4 * q + 1) % M] = f.y;
-                    sum[(4 * q + 2) / M][(4 * q + 2) % M] = f.z;
-                    sum[(4 * q + 3) / M][(4 * q + 3) % M] = f.w;
-                    __stcg(t4 + q, make_float4(0.f, 0.f, 0.f, 0.f));
-                }
+                sk_take_tile<M>(tacc, sum);
                 sk_store_rows<T, M>(y, bias, N, row0, sum, xinv);
                 if (lane == 0) counters[t] = 0;
             }

@@ -1,21 +1,28 @@
-// The shared-memory pair table used by the table-decode GEMVs (k = 2..4).
+// Pair decode table for k = 2..4 (shared by the dense GEMV, the grouped GEMV and the grouped MMA).
 //
-// Entry e (e = two 4-bit codes) holds (codebook[e & 15], codebook[e >> 4]) as half2 and is
-// replicated once per lane ([256][32] words, 32 KB), so a warp's 32 random lookups hit 32
-// distinct banks. The tiled bit order (kbit_tile.cuh) gives, per group g, one word whose
-// byte i holds the codes of elements 8i + 2g and 8i + 2g + 1, so one rotate + one lop3 makes the
-// table address of a pair, and the pair multiplies the half2 (x[8i+2g], x[8i+2g+1]).
+// Shared memory holds [256 pair codes][32 lanes] 32-bit words: entry e = (codebook[e & 15],
+// codebook[e >> 4]) as two 16-bit values, replicated per lane so a warp's 32 random lookups hit
+// 32 distinct banks. In the tiled bit order (kbit_tile.cuh), byte i of rotr(group_word(g), g)
+// holds the codes of elements 8i + 2g (low nibble) and 8i + 2g + 1 (high nibble): one rotate and
+// one mask give the table address of that pair. Pair i of group g is exactly one register of an
+// mma.m16n8k16 B fragment for lane % 4 == g: i = 0 / 1 are b0 / b1 of the block's first k16,
+// i = 2 / 3 those of its second k16.
 #pragma once
 #include "kbit_tile.cuh"
 
 namespace kbit {
 
-constexpr int kLutWords = 256 * 32;  // [pair code][lane] half2 words (32 KB)
+constexpr int kLutWords = 256 * 32;  // [pair code][lane] words (32 KB)
 
 __device__ __forceinline__ uint32_t h2_bits(half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
 __device__ __forceinline__ half2 bits_h2(uint32_t u) { return *reinterpret_cast<half2*>(&u); }
 
-// Shared address offset (bytes, lane column included) of the table entry for pair i of group g.
+// bf16 pair (lo, hi) of one 32-bit word as two floats (exact).
+__device__ __forceinline__ float2 bf16x2_to_float2(uint32_t u) {
+    return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xFFFF0000u));
+}
+
+// Shared address offset (bytes, lane column included) of the table entry for pair I of group g.
 template <int I>
 __device__ __forceinline__ uint32_t lut_off(uint32_t gw, int g, uint32_t lane4) {
     // rotr(gw, g) has code (g, n) in nibble n; rotating a further 8i - 7 puts byte i at bits 7..14.
@@ -23,20 +30,17 @@ __device__ __forceinline__ uint32_t lut_off(uint32_t gw, int g, uint32_t lane4) 
     return (v & 0x7F80u) | lane4;
 }
 
-// Every thread of the block helps fill the table; the caller synchronizes before use.
-template <int K>
-__device__ __forceinline__ void build_pair_lut(uint32_t* tbl, const float* __restrict__ codebook) {
+// Fill the table with 16-bit values of type P (half or __nv_bfloat16); bits of a code above k
+// are masked, so entries for unused codes repeat valid ones. Caller synchronizes before use.
+template <int K, typename P>
+__device__ __forceinline__ void build_pair_lut(uint32_t* tbl, const float* __restrict__ codebook, int tid,
+                                               int nthreads) {
     constexpr int kMask = (1 << K) - 1;
-    for (int i = threadIdx.x; i < 256 * 8; i += blockDim.x) {
+    for (int i = tid; i < 256 * 8; i += nthreads) {
         const int e = i >> 3, q = i & 7;
-        const uint32_t w = h2_bits(__floats2half2_rn(__ldg(codebook + (e & kMask)), __ldg(codebook + ((e >> 4) & kMask))));
+        const uint32_t w = pack2<P>(__ldg(codebook + (e & kMask)), __ldg(codebook + ((e >> 4) & kMask)));
         reinterpret_cast<uint4*>(tbl + e * 32)[q] = make_uint4(w, w, w, w);
     }
-}
-
-// bf16 pair (lo, hi) of one 32-bit word as two floats (exact).
-__device__ __forceinline__ float2 bf16x2_to_float2(uint32_t u) {
-    return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xFFFF0000u));
 }
 
 }  // namespace kbit

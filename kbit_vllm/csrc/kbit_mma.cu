@@ -19,19 +19,6 @@ constexpr int kMmaThreads = 256;
 constexpr int kMmaStages = 4;
 constexpr int kMmaBK = 2;  // quantization blocks per stage
 
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float a, float b);
-template <>
-__device__ __forceinline__ uint32_t pack2<half>(float a, float b) {
-    const __half2 h = __floats2half2_rn(a, b);
-    return *reinterpret_cast<const uint32_t*>(&h);
-}
-template <>
-__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float a, float b) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<const uint32_t*>(&h);
-}
-
 using ptx::cp_async16;
 using ptx::cp_async_commit;
 using ptx::cp_async_wait;

@@ -5,7 +5,8 @@ order kept (it is already the LOP3 pair order); sz [in/group, out, 2] in the act
 per output pair (s_2p, s_2p+1, b_2p, b_2p+1) with w = q * s + b. Every CUDA tensor uses this
 layout. Dispatch by M (rows after flattening) from DISPATCH: the GEMV / small-batch kernel, the
 tensor-core MMA kernel (split-K into a torch-allocated fp32 workspace), or dequantize into a
-torch buffer + cuBLAS through torch. fp32 activations, or a GPU the library does not serve,
+torch buffer + cuBLAS through torch. awq_grouped_linear (MoE) runs the grouped GEMV or grouped
+MMA over all experts in one launch. fp32 activations, or a GPU the library does not serve,
 use the same layout through PyTorch math.
 """
 
@@ -19,7 +20,8 @@ import torch.nn.functional as F
 from ... import op_checks as C
 from ...formats import awq as awq_fmt
 from .. import reference as ref
-from .library import LIB, check, device_supported
+from . import dispatch
+from .library import LIB, check, device_supported, sm_count
 
 # (largest M for the GEMV kernel, largest M for the MMA kernel) per compute capability, from
 # benchmarks/bench_awq.py on the H200 (benchmarks/RESULTS.md): summed over the Llama shapes GEMV
@@ -105,6 +107,82 @@ def awq_linear(x, wq, sz, bias, group_size, out_features):
     return y.reshape(*x.shape[:-1], out_features)
 
 
+# --- MoE: awq_grouped_linear --------------------------------------------------------------------
+# One launch covers every expert; the kernels read expert_offsets on the device, and grid sizes
+# come from host-known shapes only (graph-capturable, no host sync). The choice follows the
+# expected rows per active expert (kbit's dispatch.grouped_rows_per_expert): the grouped GEMV up to
+# GROUPED_GEMV_MAX rows, else the grouped MMA with the row tile of GROUPED_BM ((largest rows per
+# expert, tile) entries; more rows take 64). H200, bench_moe.py per-tile table (.device/6): GEMV
+# best to 4 rows per expert (seed8 T=8: mma bm16 11.7 vs gemv 16.3 us); bm16 to 8 rows, bm32 at 16
+# (qwen128 T=256: 98 vs 139 / 151 us), bm64 from 32 (qwen128 T=512: 151 vs 156, 134 vs 137 us).
+GROUPED_GEMV_MAX = {90: 4}
+GROUPED_BM = {90: ((8, 16), (16, 32))}
+
+
+def grouped_mma_config(rows: int, n_exp: int, in_f: int, out_f: int, sms: int,
+                       bm: int | None = None, cc: int = 90) -> tuple[int, int, int]:
+    """(bm, items, splits): row tile, the grid's work-item bound, K splits for ~2 waves of CTAs
+    (cc: compute capability as 10 * major + minor, for the row-tile table)."""
+    active = max(1, min(n_exp, rows))
+    per = dispatch.grouped_rows_per_expert(rows, n_exp)
+    bm = bm or dispatch.pick_bm(per, GROUPED_BM.get(cc, GROUPED_BM[90]), 64)
+    items = (rows + active * (bm - 1)) // bm
+    tiles = active * -(-per // bm) * ((out_f + 127) // 128)
+    k_tiles = in_f // 32
+    splits = max(1, min(-(-2 * sms // tiles), k_tiles // 4, 16)) if tiles <= sms else 1
+    return bm, items, splits
+
+
+def grouped_path(x2: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, offsets: torch.Tensor, group_size: int,
+                 out_features: int, path: str, bm: int | None = None,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """y [rows, out] for a contiguous 2-D fp16/bf16 x (rows sorted by expert) through one kernel.
+
+    wq [E, out/8, in] int32, sz [E, in/group, out, 2], offsets int32 [E + 1] on the device. Public
+    so tests and benchmarks can run every path; out, if given, receives the result.
+    """
+    rows, in_f = x2.shape
+    n_exp = wq.shape[0]
+    suffix = _SUFFIX[x2.dtype]
+    y = torch.empty((rows, out_features), dtype=x2.dtype, device=x2.device) if out is None else out
+    if rows == 0:
+        return y
+    slots = min(n_exp, rows)
+    stream = ctypes.c_void_p(torch.cuda.current_stream(x2.device).cuda_stream)
+    dims = (ctypes.c_int(n_exp), ctypes.c_int(rows), ctypes.c_int(in_f), ctypes.c_int(out_features),
+            ctypes.c_int(group_size))
+    with torch.cuda.device(x2.device):
+        if path == "gemv":
+            check(getattr(LIB, f"kbit_vllm_awq_grouped_gemv_{suffix}")(
+                _ptr(x2), _ptr(wq), _ptr(sz), _ptr(offsets), _ptr(y), *dims, ctypes.c_int(slots), stream),
+                "awq_grouped_linear (gemv)")
+            return y
+        if path != "mma":
+            raise ValueError(f"unknown awq_grouped_linear path {path!r}")
+        cap = torch.cuda.get_device_capability(x2.device)
+        bm, items, splits = grouped_mma_config(rows, n_exp, in_f, out_features, sm_count(x2.device), bm,
+                                               cap[0] * 10 + cap[1])
+        ws = torch.empty((splits * rows * out_features if splits > 1 else 0,), dtype=torch.float32, device=x2.device)
+        check(getattr(LIB, f"kbit_vllm_awq_grouped_mma_{suffix}")(
+            _ptr(x2), _ptr(wq), _ptr(sz), _ptr(offsets), _ptr(y), _ptr(ws if splits > 1 else None), *dims,
+            ctypes.c_int(bm), ctypes.c_int(items), ctypes.c_int(splits), stream), "awq_grouped_linear (mma)")
+    return y
+
+
 def awq_grouped_linear(x, wq, sz, expert_offsets, group_size, out_features):
-    """Per-expert loop over awq_linear until the grouped kernel lands (reads offsets on the host)."""
-    return ref.awq_grouped_linear(x, wq, sz, expert_offsets, group_size, out_features, awq_linear)
+    C.check_awq_grouped(x, wq, sz, expert_offsets, group_size, out_features)
+    in_f = sz.shape[1] * group_size
+    C.require(wq.dtype == torch.int32 and tuple(wq.shape[1:]) == (out_features // 8, in_f), "awq_grouped_linear",
+              f"CUDA wq must be int32 [E, {out_features // 8}, {in_f}] (awq_repack per expert, stacked), got "
+              f"{wq.dtype} {list(wq.shape)}")
+    if not _kernel_ok(x, x.dtype):  # fp32, or a GPU the library does not serve: per-expert loop (host reads offsets)
+        return ref.awq_grouped_linear(x, wq, sz, expert_offsets, group_size, out_features, awq_linear)
+    x2 = x.contiguous()
+    if x2.data_ptr() % 16:
+        x2 = x2.clone()
+    rows, n_exp = x2.shape[0], wq.shape[0]
+    cap = torch.cuda.get_device_capability(x.device)
+    gemv_max = GROUPED_GEMV_MAX.get(cap[0] * 10 + cap[1], GROUPED_GEMV_MAX[90])
+    path = "gemv" if dispatch.grouped_rows_per_expert(rows, n_exp) <= gemv_max else "mma"
+    return grouped_path(x2, wq.contiguous(), sz.contiguous(), expert_offsets.to(torch.int32).contiguous(),
+                        group_size, out_features, path)

@@ -1,4 +1,5 @@
-"""kbit_linear's choice of kernel by M (rows of x), one table per GPU architecture.
+"""kbit_linear's choice of kernel by M (rows of x), one table per GPU architecture; below, the
+grouped (MoE) ops' choice by the expected rows per expert.
 
 Filled from benchmarks/bench_kbit.py on the device (see benchmarks/RESULTS.md). Each entry:
 (largest M for the GEMV, largest M for the MMA kernel); larger M dequantizes into a torch
@@ -14,7 +15,8 @@ DETERMINISTIC_ENV = "KBIT_VLLM_DETERMINISTIC"
 
 def deterministic() -> bool:
     """KBIT_VLLM_DETERMINISTIC=1: only kernels whose split-K sums run in a fixed order, so the
-    same input gives the same bits (the stream-K GEMV adds its partials with float atomics)."""
+    same input gives the same bits (the stream-K GEMVs and the grouped MMA's split-K otherwise add
+    their partials with float atomics)."""
     return os.environ.get(DETERMINISTIC_ENV, "0") not in ("", "0", "false", "False")
 
 # (major, minor) -> (gemv_max_m, mma_max_m)
@@ -40,3 +42,51 @@ def choose_path(m: int, capability: tuple[int, int]) -> str:
     if m <= mma_max:
         return "mma"
     return "dequant"
+
+
+# --- MoE grouped ops (kbit_grouped_linear) ----------------------------------------------------
+# Rows of x per expert are only known on the device, so the choice follows the expected rows per
+# active expert, ceil(rows / min(experts, rows)), from host-known shapes. GROUPED_GEMV_MAX: the
+# largest expected rows per expert served by the grouped GEMV (stream-K, passes of up to 4 rows);
+# more go to the grouped MMA. GROUPED_BM: the MMA row tile, the first (largest expected rows per
+# expert, tile) entry that covers the rows, else 128.
+# H200, benchmarks/bench_moe.py (first run, .device/6): the old slot GEMV lost to the MMA at 4
+# rows per expert over 128 experts (qwen128 T=64) and won at 1..4 over 8; the MMA tiles above 16
+# were slowed by a serial split-K epilogue, since rewritten (batched / L2 reductions), and bm <= 64
+# now decodes each weight once per CTA. Where they were not, bm32 beat bm16 at 16 rows per expert
+# (qwen128 T=256: 113 vs 131 us). Tiles are >= ~1.5x the expected rows, so most experts (whose
+# rows scatter around the mean) take one tile and decode their weights once; to be re-placed
+# from the next run's per-tile table.
+GROUPED_GEMV_MAX: dict[tuple[int, int], int] = {
+    (9, 0): 4,
+}
+GROUPED_DEFAULT = 4
+GROUPED_BM: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {
+    (9, 0): ((8, 16), (20, 32), (40, 64)),
+}
+GROUPED_BM_DEFAULT = ((8, 16), (20, 32), (40, 64))
+
+
+def grouped_rows_per_expert(rows: int, n_exp: int) -> int:
+    """Expected rows per expert that has any, if routing spreads rows evenly over the experts."""
+    active = max(1, min(n_exp, rows))
+    return -(-rows // active)
+
+
+def choose_grouped_path(rows: int, n_exp: int, capability: tuple[int, int]) -> str:
+    """'gemv' or 'mma' for a grouped op over rows x rows and n_exp experts."""
+    gemv_max = GROUPED_GEMV_MAX.get(capability, GROUPED_DEFAULT)
+    return "gemv" if grouped_rows_per_expert(rows, n_exp) <= gemv_max else "mma"
+
+
+def pick_bm(rows_per_expert: int, table: tuple[tuple[int, int], ...], largest: int) -> int:
+    """Row tile from a (largest rows per expert, tile) table: the first entry covering the rows, else largest."""
+    for limit, bm in table:
+        if rows_per_expert <= limit:
+            return min(bm, largest)
+    return largest
+
+
+def grouped_bm(rows_per_expert: int, capability: tuple[int, int] = (9, 0)) -> int:
+    """Row tile (16, 32, 64, 128) of the kbit grouped MMA for the expected rows per expert."""
+    return pick_bm(rows_per_expert, GROUPED_BM.get(capability, GROUPED_BM_DEFAULT), 128)

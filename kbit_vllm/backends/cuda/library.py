@@ -56,6 +56,7 @@ def _load() -> tuple[ctypes.CDLL | None, LibraryStatus]:
 
 
 LIB, STATUS = _load()
+_SM_COUNT: dict[int, int] = {}
 
 
 def check(code: int, what: str) -> None:
@@ -77,3 +78,13 @@ def device_supported(device_index: int) -> tuple[bool, str]:
     # SASS for sm_XY runs on devices of the same major with minor >= Y (sm_90a only on 9.0).
     ok = any(a // 10 == major and a % 10 <= minor for a in archs)
     return ok, "" if ok else f"library built for {', '.join(STATUS.archs)}, GPU is sm_{cc}"
+
+
+def sm_count(device) -> int:
+    """Streaming multiprocessors of a CUDA device (cached: kernel configs read it on every call)."""
+    import torch
+
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]

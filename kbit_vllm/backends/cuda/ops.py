@@ -16,11 +16,10 @@ from ... import op_checks as C
 from ...formats import block_absmax, check_block_absmax
 from .. import reference as ref
 from . import dispatch
-from .library import LIB, check
+from .library import LIB, check, sm_count
 
 _QUANT_FN = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 _ACT_FN = {torch.float16: "fp16", torch.bfloat16: "bf16"}
-_SM_COUNT: dict[int, int] = {}
 
 
 def _ptr(t: torch.Tensor | None) -> ctypes.c_void_p:
@@ -36,10 +35,7 @@ def _i(v: int) -> ctypes.c_int:
 
 
 def _sms(device: torch.device) -> int:
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SM_COUNT[idx]
+    return sm_count(device)
 
 
 def kbit_quantize(weight: torch.Tensor, codebook: torch.Tensor, k: int):
@@ -244,3 +240,135 @@ def kbit_linear(x: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch
         y = linear_path(x2, packed_tiled.contiguous(), absmax_tiled.contiguous(), codebook.contiguous(),
                         None if bias is None else bias.contiguous(), k, out_features, path)
     return y.reshape(*lead, out_features)
+
+
+# --- MoE: kbit_grouped_linear ------------------------------------------------------------------
+# One launch covers every expert; the kernels read expert_offsets on the device. Grid sizes come
+# from host-known shapes only (rows, experts), so the op is graph-capturable and never syncs.
+
+
+def grouped_gemv_config(n: int, nb: int, slots: int, sms: int) -> tuple[int, int]:
+    """(rgpc, wk) for the slot GEMV: 32-row groups per CTA and warps per row group along K, so
+    that ~16 warps per SM (two CTAs of 8 fit in registers) each stream >= 8 blocks, counting
+    `slots` experts (the most that can have rows)."""
+    n_rg = 4 * ((n + 127) // 128)
+    per_rg = max(1, min(16 * sms // (n_rg * slots), nb // 8, 8))
+    wk = 1 << (per_rg.bit_length() - 1)  # 1, 2, 4 or 8: full CTAs of 8 warps
+    rgpc = max(1, min(8 // wk, n_rg))
+    return rgpc, wk
+
+
+_GSK_OCC: dict[tuple[int, int, int, str], int] = {}
+GSK_WARPS = 8  # warps per CTA of the grouped stream-K GEMV (csrc/kbit_grouped_gemv_sk.cu)
+GSK_MIN_UNITS = 2  # (item, tile, block) units per warp at least (the kernel's own bound)
+GSK_MAX_ROWS = 4  # rows per pass: the kernel is instantiated for 1..4
+
+
+def grouped_gemv_sk_config(dev: torch.device, sfx: str, k: int, rows: int, n_exp: int, n: int,
+                           nb: int) -> tuple[int, int, int]:
+    """(mp, max_items, ctas) for the grouped stream-K GEMV: rows per pass (the expected rows per
+    active expert, at most 4), the bound on (expert, pass) items, and a one-wave grid (resident
+    CTAs per SM x SMs, fewer when even max_items cannot feed them); ctas 0 = not usable (k = 5)."""
+    mp = min(GSK_MAX_ROWS, dispatch.grouped_rows_per_expert(rows, n_exp))
+    slots = min(n_exp, rows)
+    max_items = (rows + slots * (mp - 1)) // mp
+    if k > 4:
+        return mp, max_items, 0
+    key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, mp, sfx)
+    if key not in _GSK_OCC:
+        _GSK_OCC[key] = int(getattr(LIB, f"kbit_vllm_grouped_gemv_sk_ctas_per_sm_{sfx}")(_i(k), _i(mp)))
+    units = max_items * ((n + 127) // 128) * nb
+    return mp, max_items, max(1, min(_GSK_OCC[key] * _sms(dev), -(-units // (GSK_WARPS * GSK_MIN_UNITS))))
+
+
+def grouped_mma_config(rows: int, n_exp: int, n: int, nb: int, sms: int, bm: int | None = None,
+                       capability: tuple[int, int] = (9, 0)) -> tuple[int, int, int]:
+    """(bm, items, splits) for the grouped MMA: the row tile, the grid's work-item bound and the
+    K splits that bring the expected CTAs to ~2 per SM (1 for bm=128, which fills an SM)."""
+    active = max(1, min(n_exp, rows))
+    per = dispatch.grouped_rows_per_expert(rows, n_exp)
+    bm = bm or dispatch.grouped_bm(per, capability)
+    items = (rows + active * (bm - 1)) // bm  # sum over experts of ceil(rows_e / bm), at most
+    tiles = active * -(-per // bm) * ((n + 127) // 128)
+    target = (1 if bm >= 128 else 2) * sms
+    stages = (nb + 1) // 2
+    splits = 1
+    if 2 * tiles <= target:  # a nearly full wave is better than split-K's extra pass
+        splits = max(1, min(-(-target // tiles), stages // 4, 16))
+    return bm, items, splits
+
+
+def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch.Tensor, codebook: torch.Tensor,
+                 offsets: torch.Tensor, k: int, out_features: int, path: str, bm: int | None = None,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """y [rows, out] for a contiguous 2-D fp16/bf16 x (rows sorted by expert) through one kernel.
+
+    offsets: int32 [E + 1] on the device. Paths: "gemv" is the stream-K GEMV over the active
+    experts (k <= 4, outside deterministic mode), else the slot GEMV, which "gemv_slot" names
+    directly; "mma" the grouped MMA (row tile bm, default by the expected rows per expert). Public
+    so tests and benchmarks can run every path; out, if given, receives the result (tests poison it).
+    """
+    rows, in_f = x2.shape
+    nb = in_f // 32
+    n_exp = packed_tiled.shape[0]
+    dev = x2.device
+    sfx = _ACT_FN[x2.dtype]
+    y = torch.empty((rows, out_features), dtype=x2.dtype, device=dev) if out is None else out
+    if rows == 0:
+        return y
+    slots = min(n_exp, rows)
+    stream = _stream(dev)
+    n_tiles = (out_features + 127) // 128
+    if path == "gemv" and not dispatch.deterministic():
+        mp, max_items, ctas = grouped_gemv_sk_config(dev, sfx, k, rows, n_exp, out_features, nb)
+        if ctas > 0:
+            acc = _scratch(dev, "accum", max_items * n_tiles * 128 * mp)
+            ctr = _scratch(dev, "counters", max_items * n_tiles)
+            check(getattr(LIB, f"kbit_vllm_grouped_gemv_sk_{sfx}")(
+                _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(offsets), _ptr(y), _i(k),
+                _i(n_exp), _i(rows), _i(out_features), _i(nb), _i(mp), _i(max_items), _i(ctas), _ptr(acc),
+                _ptr(ctr), stream), "kbit_grouped_linear (gemv)")
+            return y
+    if path in ("gemv", "gemv_slot"):
+        rgpc, wk = grouped_gemv_config(out_features, nb, slots, _sms(dev))
+        check(getattr(LIB, f"kbit_vllm_grouped_gemv_{sfx}")(
+            _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(offsets), _ptr(y), _i(k),
+            _i(n_exp), _i(rows), _i(out_features), _i(nb), _i(slots), _i(rgpc), _i(wk), stream),
+            "kbit_grouped_linear (gemv)")
+        return y
+    if path != "mma":
+        raise ValueError(f"unknown kbit_grouped_linear path {path!r}")
+    bm, items, splits = grouped_mma_config(rows, n_exp, out_features, nb, _sms(dev), bm,
+                                           torch.cuda.get_device_capability(dev))
+    det = dispatch.deterministic()
+    ws = ctr = None
+    if splits > 1:
+        ws = (_scratch(dev, "partials", splits * rows * out_features) if det
+              else _scratch(dev, "accum", rows * out_features))
+        ctr = _scratch(dev, "counters", items * n_tiles)
+    check(getattr(LIB, f"kbit_vllm_grouped_mma_{sfx}")(
+        _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(offsets), _ptr(y), _i(k), _i(n_exp),
+        _i(rows), _i(out_features), _i(nb), _i(bm), _i(items), _i(splits), _i(int(det)), _ptr(ws), _ptr(ctr),
+        stream), "kbit_grouped_linear (mma)")
+    return y
+
+
+def device_offsets(expert_offsets: torch.Tensor) -> torch.Tensor:
+    """The int32 contiguous offsets the kernels read (a device-side cast for int64; no host sync)."""
+    return expert_offsets.to(torch.int32).contiguous()
+
+
+def kbit_grouped_linear(x: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch.Tensor,
+                        codebook: torch.Tensor, expert_offsets: torch.Tensor, k: int,
+                        out_features: int) -> torch.Tensor:
+    C.check_grouped(x, packed_tiled, absmax_tiled, codebook, expert_offsets, k, out_features)
+    if x.dtype not in _ACT_FN:  # fp32 is no serving dtype: the reference (reads the offsets on the host)
+        return ref.kbit_grouped_linear(x, packed_tiled, absmax_tiled, codebook, expert_offsets, k, out_features)
+    x2 = x.contiguous()
+    if x2.data_ptr() % 16:
+        x2 = x2.clone()
+    dev = x.device
+    path = dispatch.choose_grouped_path(x2.shape[0], packed_tiled.shape[0], torch.cuda.get_device_capability(dev))
+    with torch.cuda.device(dev):
+        return grouped_path(x2, packed_tiled.contiguous(), absmax_tiled.contiguous(), codebook.contiguous(),
+                            device_offsets(expert_offsets), k, out_features, path)

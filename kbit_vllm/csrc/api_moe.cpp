@@ -1,0 +1,75 @@
+// C API of the MoE grouped kernels (loaded by backends/cuda through ctypes). Every function
+// returns 0 on success or a cudaError_t value. offs is the device int32 [n_exp + 1] expert
+// offset tensor; rows of x are sorted by expert. Grid sizes (slots, items, splits) come from
+// host-known shapes only, so every launch can be captured in a CUDA graph.
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+namespace kbit {
+template <typename T>
+int launch_grouped_gemv(const void* x, const void* pt, const uint8_t* at, const float* cb, const int* offs, void* y,
+                        int k, int n_exp, int rows, int N, int nb, int slots, int rgpc, int wk, cudaStream_t s);
+template <typename T>
+int launch_grouped_gemv_sk(const void* x, const void* pt, const uint8_t* at, const float* cb, const int* offs,
+                           void* y, int k, int n_exp, int rows, int N, int nb, int mp, int max_items, int ctas,
+                           float* accum, int* counters, cudaStream_t stream);
+template <typename T>
+int grouped_gemv_sk_ctas_per_sm(int k, int mp);
+template <typename T>
+int launch_grouped_mma(const void* x, const void* pt, const uint8_t* at, const float* cb, const int* offs, void* y,
+                       int k, int n_exp, int rows, int N, int nb, int bm, int items, int splits, int det, float* ws,
+                       int* counters, cudaStream_t s);
+}  // namespace kbit
+
+namespace awq {
+template <typename T>
+int grouped_gemv(const void* x, const int32_t* wq, const void* sz, const int* offs, void* y, int n_exp, int rows,
+                 int in, int out, int group, int slots, cudaStream_t stream);
+template <typename T>
+int grouped_mma(const void* x, const int32_t* wq, const void* sz, const int* offs, void* y, float* workspace,
+                int n_exp, int rows, int in, int out, int group, int bm, int items, int splits, cudaStream_t stream);
+}  // namespace awq
+
+extern "C" {
+
+#define KBIT_MOE_API(SUFFIX, T)                                                                                    \
+    int kbit_vllm_grouped_gemv_##SUFFIX(const void* x, const void* pt, const uint8_t* at, const float* cb,        \
+                                        const int* offs, void* y, int k, int n_exp, int rows, int N, int nb,       \
+                                        int slots, int rgpc, int wk, void* stream) {                               \
+        return kbit::launch_grouped_gemv<T>(x, pt, at, cb, offs, y, k, n_exp, rows, N, nb, slots, rgpc, wk,        \
+                                            static_cast<cudaStream_t>(stream));                                    \
+    }                                                                                                              \
+    int kbit_vllm_grouped_gemv_sk_##SUFFIX(const void* x, const void* pt, const uint8_t* at, const float* cb,     \
+                                           const int* offs, void* y, int k, int n_exp, int rows, int N, int nb,    \
+                                           int mp, int max_items, int ctas, float* accum, int* counters,           \
+                                           void* stream) {                                                         \
+        return kbit::launch_grouped_gemv_sk<T>(x, pt, at, cb, offs, y, k, n_exp, rows, N, nb, mp, max_items, ctas, \
+                                               accum, counters, static_cast<cudaStream_t>(stream));                \
+    }                                                                                                              \
+    int kbit_vllm_grouped_gemv_sk_ctas_per_sm_##SUFFIX(int k, int mp) {                                            \
+        return kbit::grouped_gemv_sk_ctas_per_sm<T>(k, mp);                                                        \
+    }                                                                                                              \
+    int kbit_vllm_grouped_mma_##SUFFIX(const void* x, const void* pt, const uint8_t* at, const float* cb,         \
+                                       const int* offs, void* y, int k, int n_exp, int rows, int N, int nb, int bm, \
+                                       int items, int splits, int det, float* ws, int* counters, void* stream) {   \
+        return kbit::launch_grouped_mma<T>(x, pt, at, cb, offs, y, k, n_exp, rows, N, nb, bm, items, splits, det,  \
+                                           ws, counters, static_cast<cudaStream_t>(stream));                       \
+    }                                                                                                              \
+    int kbit_vllm_awq_grouped_gemv_##SUFFIX(const void* x, const int32_t* wq, const void* sz, const int* offs,    \
+                                            void* y, int n_exp, int rows, int in, int out, int group, int slots,   \
+                                            void* stream) {                                                        \
+        return awq::grouped_gemv<T>(x, wq, sz, offs, y, n_exp, rows, in, out, group, slots,                        \
+                                    static_cast<cudaStream_t>(stream));                                            \
+    }                                                                                                              \
+    int kbit_vllm_awq_grouped_mma_##SUFFIX(const void* x, const int32_t* wq, const void* sz, const int* offs,     \
+                                           void* y, float* workspace, int n_exp, int rows, int in, int out,        \
+                                           int group, int bm, int items, int splits, void* stream) {               \
+        return awq::grouped_mma<T>(x, wq, sz, offs, y, workspace, n_exp, rows, in, out, group, bm, items, splits,  \
+                                   static_cast<cudaStream_t>(stream));                                            \
+    }
+KBIT_MOE_API(fp16, half)
+KBIT_MOE_API(bf16, __nv_bfloat16)
+
+}  // extern "C"

@@ -1,0 +1,320 @@
+// kbit grouped GEMV (MoE, few rows per expert): for every expert e and each of its rows r,
+// y[r, :] = x[r, :] @ W_e^T, all experts in one launch, reading the stacked tiled layout
+// packed_tiled [E, n_tiles, nb, k, 128] / absmax_tiled [E, n_tiles, nb, 128].
+//
+// Grid: x = CTAs over one expert's 32-row output groups (rgpc groups per CTA); y = expert slot:
+// slot s serves the s-th expert that has rows (moe::find_item over the device offsets). The
+// host sizes y as min(experts, rows); slots past the last non-empty expert exit at once.
+// As in the dense GEMV (kbit_gemv.cu) a warp owns 32 output rows (lane = row: one plane of 32
+// rows is 128 contiguous bytes) and a share of K: the wk warps of a row group take turns over
+// groups of kGU blocks. A warp keeps its next group's words in flight while it decodes the
+// current one (register double buffer), and requests its first group before the decode table
+// is built and x is staged, so the weight stream starts as soon as the offsets are read.
+// An expert's rows are taken in passes of MP rows (MP = 1, 2 or 4, picked per CTA from its row
+// count; a later pass re-reads the weights, mostly from L2). All MP paths share one register
+// allocation, so larger passes would slow the common 1-row path.
+// Decode: k = 2..4 through the shared pair table (kbit_lut.cuh); k = 5 through the lane
+// codebook shuffle (kbit_tile.cuh). fp16 x: half2 FMAs flushed to fp32 once per block (times
+// the block scale); bf16 x: fp32 FMAs. x is staged in shared memory in (group, pair) order.
+// The wk warps' partial sums are added in a fixed order (deterministic; no atomics).
+#include "kbit_lut.cuh"
+#include "moe_common.cuh"
+
+namespace kbit {
+
+namespace {
+
+constexpr int kGU = 4;                // blocks per load group of a warp
+constexpr int kGMaxRows = 4;          // largest rows per pass (8 would cost the 1-row path registers)
+constexpr int kGThreads = 256;        // most threads per CTA
+constexpr int kGXBudget = 16 * 1024;  // bytes of staged x, at least
+
+// Staged x per row and block: fp16 as half2 pairs (64 B), bf16 widened to float2 pairs (128 B).
+template <typename T> struct GXs { static constexpr bool kHalf = false; static constexpr int kBytes = 128; };
+template <> struct GXs<half> { static constexpr bool kHalf = true; static constexpr int kBytes = 64; };
+
+struct GemvWarp {
+    const uint32_t* P;  // plane words of this lane's row at block 0; block j plane b at P[(j * K + b) * 128]
+    const uint8_t* A;   // absmax of this lane's row at block 0; block j at A[j * 128]
+    int row;            // output row (feature) of this lane
+    int wk;             // this warp's index along K
+    int WK;             // warps along K per row group
+    int rgl;            // row group within the CTA
+    bool active;        // the row group exists
+};
+
+template <int K>
+__device__ __forceinline__ void load_group(const GemvWarp& w, int nb, int j0, uint32_t (&p)[kGU][K],
+                                           uint8_t (&a)[kGU]) {
+#pragma unroll
+    for (int u = 0; u < kGU; ++u) {
+        const bool ok = w.active && j0 + u < nb;
+        const size_t j = static_cast<size_t>(ok ? j0 + u : 0);
+#pragma unroll
+        for (int b = 0; b < K; ++b) p[u][b] = ok ? __ldg(w.P + (j * K + b) * kTileN) : 0u;
+        a[u] = ok ? __ldg(w.A + j * kTileN) : static_cast<uint8_t>(0);
+    }
+}
+
+// Unscaled weights of the 4 pairs of group g of one block (pair i = elements 8i+2g, 8i+2g+1).
+template <int K>
+__device__ __forceinline__ void pairs_half(const uint32_t (&p)[K], int g, float cbl, const char* tblc,
+                                           uint32_t lane4, half2 (&w)[4]) {
+    if constexpr (K <= 4) {
+        const uint32_t gw = group_word<K>(p, g);
+        w[0] = *reinterpret_cast<const half2*>(tblc + lut_off<0>(gw, g, lane4));
+        w[1] = *reinterpret_cast<const half2*>(tblc + lut_off<1>(gw, g, lane4));
+        w[2] = *reinterpret_cast<const half2*>(tblc + lut_off<2>(gw, g, lane4));
+        w[3] = *reinterpret_cast<const half2*>(tblc + lut_off<3>(gw, g, lane4));
+    } else {
+        float v[8];
+        decode_group<K>(p, g, cbl, v);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) w[i] = __floats2half2_rn(v[2 * i], v[2 * i + 1]);
+    }
+}
+
+template <int K>
+__device__ __forceinline__ void pairs_float(const uint32_t (&p)[K], int g, float cbl, const char* tblc,
+                                            uint32_t lane4, float2 (&w)[4]) {
+    if constexpr (K <= 4) {
+        half2 h[4];
+        pairs_half<K>(p, g, cbl, tblc, lane4, h);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) w[i] = __half22float2(h[i]);
+    } else {
+        float v[8];
+        decode_group<K>(p, g, cbl, v);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) w[i] = make_float2(v[2 * i], v[2 * i + 1]);
+    }
+}
+
+// All rows [row0, row1) of one expert for this CTA's row groups, in passes of MP rows.
+template <typename T, int K, int MP>
+__device__ __forceinline__ void gemv_expert(const T* __restrict__ x, const float* __restrict__ codebook,
+                                            T* __restrict__ y, const GemvWarp& w, int row0, int row1, int N, int nb,
+                                            uint32_t* tbl, char* xs, int xbytes, float* red) {
+    constexpr bool H = GXs<T>::kHalf;
+    constexpr int XB = GXs<T>::kBytes;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int sb = w.WK * kGU;                      // blocks per step (all warps of a row group)
+    const int steps = (nb + sb - 1) / sb;
+    const int q = max(1, xbytes / (MP * XB * sb));  // steps per staged x chunk
+    const int CH = q * sb;                          // blocks per staged x chunk
+    const int in_f = nb * 32;
+    const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
+    const char* tblc = reinterpret_cast<const char*>(tbl);
+
+    uint32_t pc[kGU][K], pn[kGU][K];
+    uint8_t ac[kGU], an[kGU];
+    load_group<K>(w, nb, w.wk * kGU, pc, ac);  // first group in flight before the table and x
+    float cbl = 0.f;
+    if constexpr (K <= 4) {
+        build_pair_lut<K, half>(tbl, codebook, threadIdx.x, blockDim.x);
+    } else {
+        cbl = lane_codebook<K>(codebook, lane);
+    }
+
+    const int total = (row1 - row0 + MP - 1) / MP * steps;
+    float acc[MP];
+#pragma unroll
+    for (int m = 0; m < MP; ++m) acc[m] = 0.f;
+    int t = 0, m0 = row0;
+    for (int s = 0; s < total; ++s) {
+        const int mr = min(MP, row1 - m0);
+        const int c0 = (t - t % q) * sb;  // first block of the staged chunk
+        if (t % q == 0) {
+            __syncthreads();  // table built; the previous chunk's x no longer read
+            const int cn = min(CH, nb - c0);
+            for (int i = threadIdx.x; i < MP * cn * 4; i += blockDim.x) {
+                const int m = i / (cn * 4), r = i - m * (cn * 4);  // r: 8-element run; block r / 4, pair index r % 4
+                union { uint4 u; T h[8]; } pk;
+                pk.u = make_uint4(0u, 0u, 0u, 0u);
+                if (m < mr)
+                    pk.u = __ldg(reinterpret_cast<const uint4*>(x + static_cast<size_t>(m0 + m) * in_f +
+                                                                static_cast<size_t>(c0) * 32 + r * 8));
+                const int jl = r >> 2, ii = r & 3;
+                if constexpr (H) {
+                    uint32_t* dst = reinterpret_cast<uint32_t*>(xs) + (m * CH + jl) * 16;
+                    const uint32_t* src = reinterpret_cast<const uint32_t*>(&pk.u);
+#pragma unroll
+                    for (int g = 0; g < 4; ++g) dst[g * 4 + ii] = src[g];  // (x[8i+2g], x[8i+2g+1]) at word 4g + i
+                } else {
+                    float2* dst = reinterpret_cast<float2*>(xs) + (m * CH + jl) * 16;
+#pragma unroll
+                    for (int g = 0; g < 4; ++g)
+                        dst[g * 4 + ii] = make_float2(to_float(pk.h[2 * g]), to_float(pk.h[2 * g + 1]));
+                }
+            }
+            __syncthreads();
+        }
+        if (s + 1 < total) load_group<K>(w, nb, (t + 1 == steps ? 0 : (t + 1) * sb) + w.wk * kGU, pn, an);
+        const int jb = t * sb + w.wk * kGU;
+        if (w.active) {  // warp-uniform
+#pragma unroll
+            for (int u = 0; u < kGU; ++u) {
+                const int jl = jb + u - c0;
+                if (jb + u >= nb) break;  // warp-uniform
+                const float sc = decode_e4m4(ac[u]);
+                if constexpr (H) {
+                    half2 hp[MP][2];
+#pragma unroll
+                    for (int m = 0; m < MP; ++m) hp[m][0] = hp[m][1] = __float2half2_rn(0.f);
+#pragma unroll
+                    for (int g = 0; g < 4; ++g) {
+                        half2 wv[4];
+                        pairs_half<K>(pc[u], g, cbl, tblc, lane4, wv);
+#pragma unroll
+                        for (int m = 0; m < MP; ++m) {
+                            const uint4 xv = reinterpret_cast<const uint4*>(xs)[(m * CH + jl) * 4 + g];
+                            half2 h = hp[m][g & 1];
+                            h = __hfma2(wv[0], bits_h2(xv.x), h);
+                            h = __hfma2(wv[1], bits_h2(xv.y), h);
+                            h = __hfma2(wv[2], bits_h2(xv.z), h);
+                            h = __hfma2(wv[3], bits_h2(xv.w), h);
+                            hp[m][g & 1] = h;
+                        }
+                    }
+#pragma unroll
+                    for (int m = 0; m < MP; ++m) {
+                        const float2 f0 = __half22float2(hp[m][0]), f1 = __half22float2(hp[m][1]);
+                        acc[m] = fmaf((f0.x + f0.y) + (f1.x + f1.y), sc, acc[m]);
+                    }
+                } else {
+                    float part[MP];
+#pragma unroll
+                    for (int m = 0; m < MP; ++m) part[m] = 0.f;
+#pragma unroll
+                    for (int g = 0; g < 4; ++g) {
+                        float2 wv[4];
+                        pairs_float<K>(pc[u], g, cbl, tblc, lane4, wv);
+#pragma unroll
+                        for (int m = 0; m < MP; ++m) {
+                            const float4* xv = reinterpret_cast<const float4*>(xs) + ((m * CH + jl) * 4 + g) * 2;
+                            const float4 x0 = xv[0], x1 = xv[1];
+                            float h = part[m];
+                            h = fmaf(wv[0].x, x0.x, h); h = fmaf(wv[0].y, x0.y, h);
+                            h = fmaf(wv[1].x, x0.z, h); h = fmaf(wv[1].y, x0.w, h);
+                            h = fmaf(wv[2].x, x1.x, h); h = fmaf(wv[2].y, x1.y, h);
+                            h = fmaf(wv[3].x, x1.z, h); h = fmaf(wv[3].y, x1.w, h);
+                            part[m] = h;
+                        }
+                    }
+#pragma unroll
+                    for (int m = 0; m < MP; ++m) acc[m] = fmaf(part[m], sc, acc[m]);
+                }
+            }
+        }
+        if (t == steps - 1) {
+            // End of a pass: the WK partials of each row go through shared memory, summed in a fixed order.
+#pragma unroll
+            for (int m = 0; m < MP; ++m) {
+                red[(warp * MP + m) * 32 + lane] = acc[m];
+                acc[m] = 0.f;
+            }
+            __syncthreads();
+            if (w.wk == 0 && w.active && w.row < N) {
+#pragma unroll
+                for (int m = 0; m < MP; ++m) {
+                    if (m < mr) {
+                        float sum = 0.f;
+                        for (int v = 0; v < w.WK; ++v) sum += red[((w.rgl * w.WK + v) * MP + m) * 32 + lane];
+                        y[static_cast<size_t>(m0 + m) * N + w.row] = from_float<T>(sum);
+                    }
+                }
+            }
+            // red is next written at the end of the next pass, after its first staging barrier.
+            t = 0;
+            m0 += MP;
+        } else {
+            ++t;
+        }
+#pragma unroll
+        for (int u = 0; u < kGU; ++u) {
+#pragma unroll
+            for (int b = 0; b < K; ++b) pc[u][b] = pn[u][b];
+            ac[u] = an[u];
+        }
+    }
+}
+
+template <typename T, int K>
+__global__ void __launch_bounds__(kGThreads, 2) grouped_gemv_kernel(
+    const T* __restrict__ x, const uint32_t* __restrict__ packed_t, const uint8_t* __restrict__ absmax_t,
+    const float* __restrict__ codebook, const int* __restrict__ offs, T* __restrict__ y, int n_exp, int rows, int N,
+    int nb, int rgpc, int xbytes) {
+    extern __shared__ uint4 smem_ggemv[];
+    moe::Item it;
+    if (!moe::find_item(offs, n_exp, rows, 0, static_cast<int>(blockIdx.y), it)) return;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int n_tiles = (N + kTileN - 1) / kTileN;
+    GemvWarp w;
+    w.WK = (blockDim.x >> 5) / rgpc;
+    w.rgl = warp / w.WK;
+    w.wk = warp - w.rgl * w.WK;
+    const int rg = static_cast<int>(blockIdx.x) * rgpc + w.rgl;
+    w.active = rg < 4 * n_tiles;
+    w.row = rg * 32 + lane;
+    const size_t tile = static_cast<size_t>(it.expert) * n_tiles + (w.active ? rg >> 2 : 0);
+    const int col = (rg & 3) * 32 + lane;
+    w.P = packed_t + tile * nb * K * kTileN + col;
+    w.A = absmax_t + tile * nb * kTileN + col;
+    uint32_t* tbl = reinterpret_cast<uint32_t*>(smem_ggemv);
+    char* xs = reinterpret_cast<char*>(tbl + (K <= 4 ? kLutWords : 0));
+    float* red = reinterpret_cast<float*>(xs + xbytes);
+    const int n = it.row1 - it.row0;  // CTA-uniform
+    if (n == 1) {
+        gemv_expert<T, K, 1>(x, codebook, y, w, it.row0, it.row1, N, nb, tbl, xs, xbytes, red);
+    } else if (n == 2) {
+        gemv_expert<T, K, 2>(x, codebook, y, w, it.row0, it.row1, N, nb, tbl, xs, xbytes, red);
+    } else {
+        gemv_expert<T, K, kGMaxRows>(x, codebook, y, w, it.row0, it.row1, N, nb, tbl, xs, xbytes, red);
+    }
+}
+
+template <typename T, int K>
+int launch_grouped_gemv_k(const void* x, const void* pt, const uint8_t* at, const float* cb, const int* offs, void* y,
+                          int n_exp, int rows, int N, int nb, int slots, int rgpc, int wk, cudaStream_t stream) {
+    const int threads = rgpc * wk * 32;
+    const int xbytes = max(kGXBudget, wk * kGU * kGMaxRows * GXs<T>::kBytes);
+    const size_t smem = static_cast<size_t>(K <= 4 ? kLutWords * 4 : 0) + static_cast<size_t>(xbytes) +
+                        static_cast<size_t>(threads / 32) * kGMaxRows * 32 * sizeof(float);
+    auto kern = grouped_gemv_kernel<T, K>;
+    if (smem > 48 * 1024) {
+        const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   static_cast<int>(smem));
+        if (e != cudaSuccess) return static_cast<int>(e);
+    }
+    const int n_rg = 4 * ((N + kTileN - 1) / kTileN);
+    const dim3 grid(static_cast<unsigned>((n_rg + rgpc - 1) / rgpc), static_cast<unsigned>(slots));
+    kern<<<grid, threads, smem, stream>>>(static_cast<const T*>(x), static_cast<const uint32_t*>(pt), at, cb, offs,
+                                          static_cast<T*>(y), n_exp, rows, N, nb, rgpc, xbytes);
+    KBIT_RETURN_LAUNCH_STATUS();
+}
+
+}  // namespace
+
+// slots: grid rows = min(experts, rows) (one per possible non-empty expert); rgpc: 32-row groups
+// per CTA; wk: warps per row group along K (rgpc * wk <= 8). offs: int32 [n_exp + 1] on the device.
+template <typename T>
+int launch_grouped_gemv(const void* x, const void* pt, const uint8_t* at, const float* cb, const int* offs, void* y,
+                        int k, int n_exp, int rows, int N, int nb, int slots, int rgpc, int wk, cudaStream_t s) {
+    if (rows <= 0 || N <= 0) return 0;
+    if (nb <= 0 || n_exp <= 0 || slots < 1 || slots > 65535 || rgpc < 1 || wk < 1 || rgpc * wk * 32 > kGThreads)
+        return static_cast<int>(cudaErrorInvalidValue);
+    switch (k) {
+        case 2: return launch_grouped_gemv_k<T, 2>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, slots, rgpc, wk, s);
+        case 3: return launch_grouped_gemv_k<T, 3>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, slots, rgpc, wk, s);
+        case 4: return launch_grouped_gemv_k<T, 4>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, slots, rgpc, wk, s);
+        case 5: return launch_grouped_gemv_k<T, 5>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, slots, rgpc, wk, s);
+        default: return static_cast<int>(cudaErrorInvalidValue);
+    }
+}
+
+template int launch_grouped_gemv<half>(const void*, const void*, const uint8_t*, const float*, const int*, void*, int,
+                                       int, int, int, int, int, int, int, cudaStream_t);
+template int launch_grouped_gemv<__nv_bfloat16>(const void*, const void*, const uint8_t*, const float*, const int*,
+                                                void*, int, int, int, int, int, int, int, int, cudaStream_t);
+
+}  // namespace kbit

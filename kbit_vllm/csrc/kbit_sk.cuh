@@ -1,0 +1,211 @@
+// Stream-K GEMV building blocks (k = 2..4), shared by the dense stream-K GEMV and the grouped
+// (MoE) stream-K GEMV, and the wide pair table also used by the grouped MMA.
+//
+// Work unit = (tile of 128 rows, one 32-wide input block): in the tiled layout its k planes of
+// 128 words start at word unit * 128k. A lane owns 4 rows: one uint4 per plane (rows 4l..4l+3)
+// and one word of absmax per unit. A pair of codes becomes its table address in one byte permute
+// (the pair byte next to the lane's byte offset, in a table with a 256-byte row per entry), then
+// one shared load and one half2 FMA. x is read straight from global memory (a warp-uniform
+// address, so one L1 transaction per 16 bytes).
+// Partial tiles are added into a zeroed fp32 accumulator with vector reductions in L2
+// (red_add4); the order of those additions varies from run to run.
+#pragma once
+#include "kbit_lut.cuh"
+
+#include <type_traits>
+
+namespace kbit {
+
+constexpr int kSkWarps = 8;
+constexpr int kSkThreads = kSkWarps * 32;
+constexpr int kWideLutWords = 256 * 64;  // one 256-byte row per pair code, columns 0..31 used
+constexpr size_t kSkSmem = kWideLutWords * 4;
+
+// First unit of warp w's range [start(w), start(w + 1)).
+__device__ __forceinline__ long long sk_start(long long w, long long units, long long warps) {
+    return w * units / warps;
+}
+// The warp whose range holds unit u (ranges are never empty when warps <= units).
+__device__ __forceinline__ long long sk_owner(long long u, long long units, long long warps) {
+    return ((u + 1) * warps - 1) / units;
+}
+
+// E4M4 without a branch: normal codes are the float bits (raw << 19) + (116 << 23); for e = 0
+// that formula gives 2^-11 + m 2^-15, and the subnormal value m 2^-14 is twice the excess.
+__device__ __forceinline__ float decode_e4m4_fast(uint32_t raw) {
+    const float f = __uint_as_float((raw << 19) + (116u << 23));
+    return raw < 16u ? fmaf(f, 2.f, -0x1p-10f) : f;
+}
+
+// Byte offset of the table entry for pair byte i of v (lane column included): one byte permute
+// puts the lane's byte offset (lane * 4 < 256) in byte 0 and pair byte i in byte 1.
+__device__ __forceinline__ uint32_t wide_lut_off(uint32_t v, int i, uint32_t lane4) {
+    return __byte_perm(v, lane4, 0x5504u | (static_cast<uint32_t>(i) << 4));
+}
+
+// Every thread helps fill the [256][64]-word table (columns 0..31 used) with 16-bit pairs of type
+// P (half or __nv_bfloat16); caller synchronizes.
+template <int K, typename P = half>
+__device__ __forceinline__ void build_wide_lut(uint32_t* tbl, const float* __restrict__ codebook) {
+    constexpr int kMask = (1 << K) - 1;
+    for (int i = threadIdx.x; i < 256 * 8; i += blockDim.x) {
+        const int e = i >> 3, q = i & 7;
+        const uint32_t w = pack2<P>(__ldg(codebook + (e & kMask)), __ldg(codebook + ((e >> 4) & kMask)));
+        reinterpret_cast<uint4*>(tbl + e * 64)[q] = make_uint4(w, w, w, w);
+    }
+}
+
+// y-row sums: add 4 floats into the tile accumulator in L2 without waiting for the result.
+__device__ __forceinline__ void red_add4(float* dst, float a, float b, float c, float d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(a), "f"(b), "f"(c), "f"(d)
+                 : "memory");
+#else
+    atomicAdd(dst, a);
+    atomicAdd(dst + 1, b);
+    atomicAdd(dst + 2, c);
+    atomicAdd(dst + 3, d);
+#endif
+}
+
+template <int K>
+__device__ __forceinline__ void sk_load(const uint4* __restrict__ P, const uint32_t* __restrict__ A, long long u,
+                                        int lane, uint4 (&p)[K], uint32_t& a) {
+#pragma unroll
+    for (int b = 0; b < K; ++b) p[b] = __ldg(P + (u * K + b) * 32 + lane);
+    a = __ldg(A + u * 32 + lane);
+}
+
+// (bf16, bf16) word -> (fp16, fp16) word of the values times a power of two (exact unless tiny).
+__device__ __forceinline__ uint32_t bf16x2_to_scaled_h2(uint32_t u, float scale) {
+    const float2 f = bf16x2_to_float2(u);
+    return h2_bits(__floats2half2_rn(f.x * scale, f.y * scale));
+}
+
+// acc[r][m] += (row 4*lane + r of this unit) . x row m of the unit's block; that row's 32 values
+// are the uint4s xb[xoff[m] + 0..3] (xoff lets a caller repeat a row for masked passes).
+// kScaledBf16: bf16 x is turned into fp16 times xscale[m] (a power of two that keeps the row
+// inside fp16, see row_scales) and runs the half2 loop; the caller divides the sums by it.
+template <typename T, int K, int M, bool kScaledBf16 = false>
+__device__ __forceinline__ void sk_unit(const uint4 (&p)[K], uint32_t a, const uint4* __restrict__ xb,
+                                        const int (&xoff)[M], const char* tblc, uint32_t lane4,
+                                        float (&acc)[4][M], const float* xscale = nullptr) {
+    uint32_t gw[4][4];  // rotr(group word, g): nibble n = code of field n
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        uint32_t wr[K];
+#pragma unroll
+        for (int b = 0; b < K; ++b) wr[b] = r == 0 ? p[b].x : r == 1 ? p[b].y : r == 2 ? p[b].z : p[b].w;
+#pragma unroll
+        for (int g = 0; g < 4; ++g) gw[r][g] = g ? rotr32(group_word<K>(wr, g), g) : group_word<K>(wr, 0);
+    }
+    float s[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) s[r] = decode_e4m4_fast((a >> (8 * r)) & 0xFFu);
+
+    if constexpr (std::is_same<T, half>::value || kScaledBf16) {
+        // half2 FMA over 8 pairs, then flushed to fp32 times the block scale.
+        half2 hp[4][M];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            uint4 xi[M];
+#pragma unroll
+            for (int m = 0; m < M; ++m) {
+                xi[m] = __ldg(xb + xoff[m] + i);
+                if constexpr (kScaledBf16) {
+                    xi[m].x = bf16x2_to_scaled_h2(xi[m].x, xscale[m]);
+                    xi[m].y = bf16x2_to_scaled_h2(xi[m].y, xscale[m]);
+                    xi[m].z = bf16x2_to_scaled_h2(xi[m].z, xscale[m]);
+                    xi[m].w = bf16x2_to_scaled_h2(xi[m].w, xscale[m]);
+                }
+            }
+            if (i == 0 || i == 2) {
+#pragma unroll
+                for (int r = 0; r < 4; ++r)
+#pragma unroll
+                    for (int m = 0; m < M; ++m) {
+                        if (i == 2) {
+                            const float2 f = __half22float2(hp[r][m]);
+                            acc[r][m] = fmaf(f.x + f.y, s[r], acc[r][m]);
+                        }
+                        hp[r][m] = __float2half2_rn(0.f);
+                    }
+            }
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+#pragma unroll
+                for (int g = 0; g < 4; ++g) {
+                    const half2 w = *reinterpret_cast<const half2*>(tblc + wide_lut_off(gw[r][g], i, lane4));
+#pragma unroll
+                    for (int m = 0; m < M; ++m) {
+                        const uint32_t xw = g == 0 ? xi[m].x : g == 1 ? xi[m].y : g == 2 ? xi[m].z : xi[m].w;
+                        hp[r][m] = __hfma2(w, bits_h2(xw), hp[r][m]);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+#pragma unroll
+            for (int m = 0; m < M; ++m) {
+                const float2 f = __half22float2(hp[r][m]);
+                acc[r][m] = fmaf(f.x + f.y, s[r], acc[r][m]);
+            }
+    } else {
+        // bf16: table half2 -> float2, x bf16 pair -> float2, fp32 FMA.
+        float part[4][M];
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+#pragma unroll
+            for (int m = 0; m < M; ++m) part[r][m] = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            uint4 xi[M];
+#pragma unroll
+            for (int m = 0; m < M; ++m) xi[m] = __ldg(xb + xoff[m] + i);
+#pragma unroll
+            for (int g = 0; g < 4; ++g) {
+                float2 xf[M];
+#pragma unroll
+                for (int m = 0; m < M; ++m)
+                    xf[m] = bf16x2_to_float2(g == 0 ? xi[m].x : g == 1 ? xi[m].y : g == 2 ? xi[m].z : xi[m].w);
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const float2 w =
+                        __half22float2(*reinterpret_cast<const half2*>(tblc + wide_lut_off(gw[r][g], i, lane4)));
+#pragma unroll
+                    for (int m = 0; m < M; ++m) part[r][m] = fmaf(w.y, xf[m].y, fmaf(w.x, xf[m].x, part[r][m]));
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+#pragma unroll
+            for (int m = 0; m < M; ++m) acc[r][m] = fmaf(part[r][m], s[r], acc[r][m]);
+    }
+}
+
+// acc[4][M] <-> 4M consecutive floats [r][m] of a lane's accumulator slot, 4 at a time.
+template <int M>
+__device__ __forceinline__ void sk_red_tile(float* tacc, const float (&acc)[4][M]) {
+#pragma unroll
+    for (int q = 0; q < M; ++q)
+        red_add4(tacc + 4 * q, acc[(4 * q) / M][(4 * q) % M], acc[(4 * q + 1) / M][(4 * q + 1) % M],
+                 acc[(4 * q + 2) / M][(4 * q + 2) % M], acc[(4 * q + 3) / M][(4 * q + 3) % M]);
+}
+// Read the finished sums back and leave the slot zeroed for the next call.
+template <int M>
+__device__ __forceinline__ void sk_take_tile(float* tacc, float (&sum)[4][M]) {
+    float4* t4 = reinterpret_cast<float4*>(tacc);
+#pragma unroll
+    for (int q = 0; q < M; ++q) {
+        const float4 f = __ldcg(t4 + q);
+        sum[(4 * q) / M][(4 * q) % M] = f.x;
+        sum[(4 * q + 1) / M][(4 * q + 1) % M] = f.y;
+        sum[(4 * q + 2) / M][(4 * q + 2) % M] = f.z;
+        sum[(4 * q + 3) / M][(4 * q + 3) % M] = f.w;
+        __stcg(t4 + q, make_float4(0.f, 0.f, 0.f, 0.f));
+    }
+}
+
+}  // namespace kbit

@@ -1,0 +1,81 @@
+// MoE grouped kernels: map a CTA's work index to (expert, row range) from the device-resident
+// expert offsets, with no host sync, so one launch covers every expert and a CUDA graph can
+// replay it under any routing.
+//
+// Rows offs[e] .. offs[e+1] of x (sorted by expert) belong to expert e. An expert with n rows
+// contributes ceil(n / rows_per_item) work items (exactly one when rows_per_item <= 0 and n > 0),
+// numbered in expert order. The host sizes the grid from an upper bound on the item count that
+// needs only host-known shapes (total rows, number of experts); CTAs past the last item exit.
+#pragma once
+#include <cuda_runtime.h>
+
+namespace moe {
+
+struct Item {
+    int expert;  // expert index
+    int row0;    // the expert's first row in x / y
+    int row1;    // one past its last row
+    int sub;     // index of this item among the expert's items
+};
+
+// Item w (>= 0) of the list above; false when there are fewer items. Every lane of the calling
+// warp gets the same answer, so every warp of a CTA can call it with the same w (no barrier).
+// Offsets are clamped to [0, rows] and made non-decreasing, so bad offsets never address memory
+// outside x / y. Reads 128 experts' offsets per round trip.
+__device__ __forceinline__ bool find_item(const int* __restrict__ offs, int n_exp, int rows, int rows_per_item,
+                                          int w, Item& it) {
+    constexpr unsigned kAll = 0xffffffffu;
+    const int lane = threadIdx.x & 31;
+    int before = 0;  // items of the experts already scanned
+    for (int e0 = 0; e0 < n_exp; e0 += 128) {
+        int lo[4], hi[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int e = e0 + 32 * u + lane;
+            lo[u] = e < n_exp ? offs[e] : 0;
+            hi[u] = e < n_exp ? offs[e + 1] : 0;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int a = min(max(lo[u], 0), rows);
+            const int b = min(max(hi[u], a), rows);
+            const int n = rows_per_item > 0 ? (b - a + rows_per_item - 1) / rows_per_item : (b > a ? 1 : 0);
+            int incl = n;  // inclusive prefix sum of the item counts over the lanes
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int t = __shfl_up_sync(kAll, incl, o);
+                if (lane >= o) incl += t;
+            }
+            const int total = __shfl_sync(kAll, incl, 31);
+            if (w < before + total) {  // warp-uniform
+                const int excl = incl - n;
+                const unsigned hit = __ballot_sync(kAll, n > 0 && w >= before + excl && w < before + incl);
+                const int src = __ffs(hit) - 1;
+                it.expert = e0 + 32 * u + src;
+                it.row0 = __shfl_sync(kAll, a, src);
+                it.row1 = __shfl_sync(kAll, b, src);
+                it.sub = w - before - __shfl_sync(kAll, excl, src);
+                return true;
+            }
+            before += total;
+        }
+    }
+    return false;
+}
+
+// Total item count of the list above (every lane gets it): the same clamping and the same
+// per-expert counts as find_item, so find_item(w) succeeds exactly for w < count_items().
+__device__ __forceinline__ int count_items(const int* __restrict__ offs, int n_exp, int rows, int rows_per_item) {
+    const int lane = threadIdx.x & 31;
+    int total = 0;
+    for (int e = lane; e < n_exp; e += 32) {
+        const int a = min(max(offs[e], 0), rows);
+        const int b = min(max(offs[e + 1], a), rows);
+        total += rows_per_item > 0 ? (b - a + rows_per_item - 1) / rows_per_item : (b > a ? 1 : 0);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+    return total;
+}
+
+}  // namespace moe
