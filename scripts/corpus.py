@@ -5,11 +5,23 @@ its perplexity re-measured anywhere. The split is a hash of each document's name
 key or the path inside the stdlib), not of its content or position, so a document held out
 on one Python version is held out on every other one too, even where the files differ.
 Used by train_bundled_model.py and accuracy.py (both in this folder).
+
+Python builds differ a lot in what they ship (a distro python3 may leave out the tests and
+half the sources), so the corpus can be frozen: `python3 scripts/corpus.py --dump FILE.json.gz`
+writes every document with its split to one gzipped JSON file (about 6 MB from a full
+CPython 3.11), and `load(..., dump=FILE)` / `--corpus FILE` in the other scripts read it back.
+
+    python3 scripts/corpus.py --dump corpus-py3.11.json.gz
 """
 
 from __future__ import annotations
 
+import argparse
+import gzip
 import hashlib
+import json
+import platform
+import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,14 +77,46 @@ def source_docs(stdlib: Path | None = None) -> list[Doc]:
     return docs
 
 
-def load(split: str, kinds: tuple[str, ...] = ("docs", "code")) -> list[Doc]:
-    """The documents of one split, docs first, each kind sorted by name."""
+def load(split: str, kinds: tuple[str, ...] = ("docs", "code"), dump: str | Path | None = None) -> list[Doc]:
+    """The documents of one split, docs first, each kind sorted by name; from `dump` if given,
+    else from this Python's own pydoc_data and stdlib."""
+    if dump is not None:
+        return [d for d in read_dump(dump)[1] if d.kind in kinds and split_of(d.name, d.kind) == split]
     out = []
     if "docs" in kinds:
         out += [d for d in topic_docs() if split_of(d.name, d.kind) == split]
     if "code" in kinds:
         out += [d for d in source_docs() if split_of(d.name, d.kind) == split]
     return out
+
+
+def write_dump(path: str | Path) -> dict:
+    """Freeze this Python's corpus (all splits) into one gzipped JSON file; returns its header."""
+    docs = topic_docs() + source_docs()
+    header = {"python": platform.python_version(), "docs": len(docs),
+              "chars": sum(len(d.text) for d in docs), "test_percent": TEST_PERCENT, "val_percent": VAL_PERCENT}
+    body = {"header": header, "docs": [[d.name, d.kind, d.text] for d in docs]}
+    with gzip.open(path, "wt", encoding="utf-8", compresslevel=9) as f:
+        json.dump(body, f)
+    return header
+
+
+_DUMPS: dict[str, tuple[dict, list[Doc]]] = {}
+
+
+def read_dump(path: str | Path) -> tuple[dict, list[Doc]]:
+    """(header, documents) of a dump, cached: the training script reads it once per split."""
+    key = str(Path(path).resolve())
+    if key not in _DUMPS:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            body = json.load(f)
+        _DUMPS[key] = (body["header"], [Doc(name, kind, text) for name, kind, text in body["docs"]])
+    return _DUMPS[key]
+
+
+def source_python(dump: str | Path | None = None) -> str:
+    """The Python version whose docs and sources make up the corpus."""
+    return read_dump(dump)[0]["python"] if dump is not None else platform.python_version()
 
 
 def token_stream(docs: list[Doc], encode, eos_id: int) -> list[int]:
@@ -111,3 +155,19 @@ def perplexity(model, ids: list[int], seq: int, max_windows: int | None = None, 
             total += float(nll)
             count += x[:, 1:].numel()
     return math.exp(total / count), count
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Freeze this Python's docs + stdlib corpus into one file.")
+    p.add_argument("--dump", required=True, help="output file (.json.gz)")
+    a = p.parse_args(argv)
+    h = write_dump(a.dump)
+    counts = {s: len(load(s, dump=a.dump)) for s in ("train", "val", "test")}
+    size = Path(a.dump).stat().st_size
+    print(f"wrote {a.dump}: Python {h['python']}, {h['docs']} documents ({counts}), "
+          f"{h['chars'] / 1e6:.1f} M chars, {size / 2**20:.1f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,12 +7,16 @@ the tokenizer is a byte-level BPE trained here with `tokenizers`; the model is a
 LlamaForCausalLM whose linear layers all have in/out dims that are multiples of 128, so kbit
 (blocks of 32) and AWQ (groups of 128) can quantize every one of them.
 
-Needs torch, transformers and tokenizers only (no vLLM, no datasets, no internet). Trains for a
-fixed wall-clock budget (bf16 autocast on CUDA, fp32 on CPU), keeps the weights with the best
-validation loss, and writes an HF folder: config, model.safetensors (bf16), tokenizer files,
-README.md (model card with this recipe and the results) and train_log.json.
+Needs torch, transformers and tokenizers only (no vLLM, no datasets, no internet). The data is
+small (about 8 M tokens) next to what a GPU chews through in a minute, so the run is sized in
+epochs (--epochs; the learning rate anneals over them) with a wall-clock cap (--budget-s), uses
+residual dropout, evaluates every few seconds and keeps the weights with the best validation
+loss (bf16 autocast on CUDA, fp32 on CPU). It writes an HF folder: config, model.safetensors
+(bf16), tokenizer files, README.md (model card with this recipe and the results) and
+train_log.json.
 
-    PYTHONPATH=. python3 scripts/train_bundled_model.py --out OUT_DIR [--budget-s 240]
+    python3 scripts/corpus.py --dump corpus.json.gz     # once, on a Python with a full stdlib
+    PYTHONPATH=. python3 scripts/train_bundled_model.py --corpus corpus.json.gz --out OUT_DIR
 """
 
 from __future__ import annotations
@@ -36,7 +40,14 @@ EOT = "<|endoftext|>"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="output folder (created)")
-    p.add_argument("--budget-s", type=float, default=240.0, help="training wall-clock seconds (after data prep)")
+    p.add_argument("--corpus", default=None,
+                   help="a corpus.py --dump file (default: this Python's own pydoc_data and stdlib)")
+    p.add_argument("--epochs", type=float, default=8.0,
+                   help="passes over the training stream; the learning rate anneals over them")
+    p.add_argument("--budget-s", type=float, default=150.0,
+                   help="wall-clock cap on training (after data prep); stops early if the epochs take longer")
+    p.add_argument("--dropout", type=float, default=0.1,
+                   help="dropout on the embeddings and on every attention / MLP output while training")
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
@@ -51,8 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="times the prose (pydoc topics) appears in the training stream, vs once for code")
     p.add_argument("--max-train-mb", type=float, default=None,
                    help="cap the training text (MB of code; for quick local tests)")
-    p.add_argument("--eval-every-s", type=float, default=15.0)
-    p.add_argument("--eval-windows", type=int, default=64)
+    p.add_argument("--eval-every-s", type=float, default=3.0)
+    p.add_argument("--eval-windows", type=int, default=128)
     p.add_argument("--compile", action="store_true", help="torch.compile the model (CUDA)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--seed", type=int, default=0)
@@ -97,8 +108,28 @@ def encoder(hf_tok):
     return encode
 
 
+def add_dropout(model, p: float) -> None:
+    """Residual dropout through forward hooks, so the saved model stays a plain LlamaForCausalLM.
+
+    HF Llama has attention-probability dropout only; on a few MB of text a 4 M model memorizes
+    within a few epochs without dropout on the embedding and on each residual branch.
+    """
+    if p <= 0:
+        return
+
+    def hook(mod, _inp, out):
+        if isinstance(out, tuple):
+            return (F.dropout(out[0], p, mod.training),) + tuple(out[1:])
+        return F.dropout(out, p, mod.training)
+
+    model.model.embed_tokens.register_forward_hook(hook)
+    for layer in model.model.layers:
+        layer.self_attn.register_forward_hook(hook)
+        layer.mlp.register_forward_hook(hook)
+
+
 def lr_at(frac: float, peak: float) -> float:
-    """Linear warmup over the first 3% of the budget, then cosine down to 10% of peak."""
+    """Linear warmup over the first 3% of the run, then cosine down to 10% of peak."""
     warm = min(1.0, frac / 0.03)
     return peak * warm * (0.1 + 0.45 * (1 + math.cos(math.pi * min(frac, 1.0))))
 
@@ -141,14 +172,16 @@ standard library.
   training document started after one.
 - Data: pydoc_data topics (the language reference behind `help()`, x{a.docs_repeat} in the
   stream) and the standard library's .py sources (tests included; pydoc_data, encodings and
-  files over {corpus.MAX_FILE_BYTES // 1000} kB left out) of Python {platform.python_version()}.
+  files over {corpus.MAX_FILE_BYTES // 1000} kB left out) of Python {log['corpus_python']}.
   Split by an md5 of each document's name: {_pct(corpus.TEST_PERCENT)} test,
   {_pct(corpus.VAL_PERCENT)} validation, the rest training ({log['train_tokens']:,} training tokens).
-- Training: `scripts/train_bundled_model.py` (kbit_vllm repository), {log['device']}, wall-clock
-  budget {a.budget_s:.0f} s, {log['steps']:,} steps of {a.batch} x {a.seq} tokens
-  ({log['tokens_seen'] / 1e6:.0f} M tokens, {log['epochs']:.1f} epochs), AdamW lr {a.lr}
-  (3% warmup, cosine to 10%), weight decay {a.weight_decay}, grad clip 1.0, {log['precision']}, seed
-  {a.seed}; the weights with the best validation loss were kept (step {log['best_step']:,}).
+- Training: `scripts/train_bundled_model.py` (kbit_vllm repository), {log['device']},
+  {log['steps']:,} steps of {a.batch} x {a.seq} tokens in {log['train_s']:.0f} s
+  ({log['tokens_seen'] / 1e6:.0f} M tokens, {log['epochs']:.1f} epochs of the stream), AdamW lr {a.lr}
+  (3% warmup, cosine to 10% over {a.epochs:g} epochs), weight decay {a.weight_decay}, dropout
+  {a.dropout} (embeddings and residual branches), grad clip 1.0, {log['precision']}, seed {a.seed};
+  the weights with the best validation loss were kept (step {log['best_step']:,},
+  epoch {log['best_epoch']:.1f}).
 - Result: validation loss {r['val_loss']:.3f}; test perplexity {r['test_ppl_docs']:.2f} on prose
   (docs) and {r['test_ppl_code']:.2f} on code, measured in fp32 after the bf16 save.
 - Versions: torch {torch.__version__}, transformers {log['transformers']}, tokenizers {log['tokenizers']}.
@@ -175,8 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
 
-    train_docs, val_docs = corpus.load("train"), corpus.load("val")
-    test_prose, test_code = corpus.load("test", ("docs",)), corpus.load("test", ("code",))
+    src = a.corpus
+    train_docs, val_docs = corpus.load("train", dump=src), corpus.load("val", dump=src)
+    test_prose, test_code = corpus.load("test", ("docs",), src), corpus.load("test", ("code",), src)
     code_mb = sum(len(d.text) for d in train_docs if d.kind == "code") / 1e6
     if code_mb < 1.0:
         sys.exit(f"only {code_mb:.2f} MB of stdlib .py sources found; this Python ships no sources?")
@@ -187,8 +221,9 @@ def main(argv: list[str] | None = None) -> int:
                 kept.append(d)
                 size += len(d.text) if d.kind == "code" else 0
         train_docs = kept
-    print(f"corpus: {len(train_docs)} train / {len(val_docs)} val / {len(test_prose) + len(test_code)} test docs, "
-          f"{sum(len(d.text) for d in train_docs) / 1e6:.1f} MB train text", flush=True)
+    n_test = len(test_prose) + len(test_code)
+    print(f"corpus: Python {corpus.source_python(src)}, {len(train_docs)} train / {len(val_docs)} val / "
+          f"{n_test} test docs, {sum(len(d.text) for d in train_docs) / 1e6:.1f} MB train text", flush=True)
 
     hf_tok = train_tokenizer([d.text for d in train_docs], a.vocab, a.seq)
     eos = hf_tok.eos_token_id
@@ -206,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                       max_position_embeddings=a.seq, tie_word_embeddings=True, bos_token_id=eos,
                       eos_token_id=eos, pad_token_id=eos, rope_theta=10000.0)
     model = LlamaForCausalLM(cfg).to(a.device)
+    add_dropout(model, a.dropout)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params / 1e6:.2f} M parameters on {a.device}", flush=True)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -218,23 +254,28 @@ def main(argv: list[str] | None = None) -> int:
     offsets = torch.arange(a.seq, device=a.device)
     g = torch.Generator(device=a.device).manual_seed(a.seed)
 
-    best = (float("inf"), 0, None)
+    best = (float("inf"), 0, None, 0.0)
+    total_tokens = a.epochs * len(train_ids)
     steps, tokens_seen, last_eval, loss_ema = 0, 0, 0.0, None
     curve: list[dict] = []
     start = time.time()
     while True:
         elapsed = time.time() - start
-        if elapsed - last_eval >= a.eval_every_s or elapsed >= a.budget_s:
+        frac = max(elapsed / a.budget_s, tokens_seen / total_tokens)
+        if elapsed - last_eval >= a.eval_every_s or frac >= 1.0:
             vl = evaluate(model, val_ids, a.seq, a.eval_windows, a.device, amp)
-            curve.append({"t": round(elapsed, 1), "step": steps, "train_loss": loss_ema, "val_loss": vl})
-            print(f"t={elapsed:6.1f}s step {steps:6d} train {loss_ema or float('nan'):.3f} val {vl:.3f}", flush=True)
+            epoch = tokens_seen / len(train_ids)
+            curve.append({"t": round(elapsed, 1), "step": steps, "epoch": round(epoch, 2), "train_loss": loss_ema,
+                          "val_loss": vl})
+            print(f"t={elapsed:6.1f}s step {steps:6d} epoch {epoch:5.2f} train {loss_ema or float('nan'):.3f} "
+                  f"val {vl:.3f}", flush=True)
             if vl < best[0]:
-                best = (vl, steps, {k: v.detach().clone() for k, v in model.state_dict().items()})
+                best = (vl, steps, {k: v.detach().clone() for k, v in model.state_dict().items()}, epoch)
             last_eval = elapsed
-            if elapsed >= a.budget_s:
+            if frac >= 1.0:
                 break
         for group in opt.param_groups:
-            group["lr"] = lr_at(elapsed / a.budget_s, a.lr)
+            group["lr"] = lr_at(frac, a.lr)
         starts = torch.randint(0, len(train_gpu) - a.seq, (a.batch,), device=a.device, generator=g)
         x = train_gpu[starts[:, None] + offsets]
         with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=amp):
@@ -250,7 +291,9 @@ def main(argv: list[str] | None = None) -> int:
             lv = loss.detach().item()
             loss_ema = lv if loss_ema is None else 0.8 * loss_ema + 0.2 * lv
     model.load_state_dict(best[2])
-    print(f"trained {steps} steps in {time.time() - start:.0f}s; best val {best[0]:.3f} at step {best[1]}", flush=True)
+    train_s = time.time() - start
+    print(f"trained {steps} steps ({tokens_seen / len(train_ids):.1f} epochs) in {train_s:.0f}s; "
+          f"best val {best[0]:.3f} at step {best[1]} (epoch {best[3]:.1f})", flush=True)
 
     model.to(torch.bfloat16).save_pretrained(str(out))
     hf_tok.save_pretrained(str(out))
@@ -271,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                     if amp else "CPU"),
         "precision": "bf16 autocast" if amp else "fp32", "steps": steps, "tokens_seen": tokens_seen,
         "train_tokens": unique_train,
-        "epochs": tokens_seen / max(len(train_ids), 1), "best_step": best[1],
+        "epochs": tokens_seen / max(len(train_ids), 1), "best_step": best[1], "best_epoch": best[3],
+        "train_s": train_s, "corpus_python": corpus.source_python(src),
         "result": {"val_loss": best[0], "test_ppl_docs": ppl_docs, "test_tokens_docs": n_docs,
                    "test_ppl_code": ppl_code, "test_tokens_code": n_code},
         "sample_prompt": prompt, "sample": sample, "python": platform.python_version(),
