@@ -182,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
                                              **sampling)
             dt = time.time() - t1
     except KeyboardInterrupt:
-        print("\ninterrupted; stopping the server", file=sys.stderr)
+        print("\ninterrupted; stopping the server (up to 30 s)", file=sys.stderr)
         return 130
     except (RuntimeError, openai.OpenAIError) as e:
         print(f"error: {e}", file=sys.stderr)
