@@ -43,6 +43,6 @@ class BuildPyWithCuda(build_py):
 
 setup(
     packages=find_packages(include=["kbit_vllm", "kbit_vllm.*"]),
-    package_data={"kbit_vllm": ["csrc/*.cu", "csrc/*.cuh", "csrc/*.cpp", "lib/*.so"]},
+    package_data={"kbit_vllm": ["csrc/*.cu", "csrc/*.cuh", "csrc/*.cpp", "lib/*.so", "data/model/*"]},
     cmdclass={"build_py": BuildPyWithCuda},
 )
