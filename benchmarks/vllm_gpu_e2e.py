@@ -3,9 +3,11 @@
 Run on the GPU machine from the repo root, with vLLM importable (benchmarks/vllm_gpu_run.sh
 unpacks the carried bundle and makes the vllm.general_plugins entry point visible):
     python3 benchmarks/vllm_gpu_e2e.py tiny_kbit4 tiny_deq4 bench_bf16 bench_kbit4 ...
-Each name is "<model>_<config>": model tiny (2 layers, hidden 256), bench (Llama-3.2-1B
+Each name is "<model>_<config>": model tiny (2 layers, hidden 256), tinymoe (the same as a
+Mixtral with 8 experts, top-2, written in the hub's per-expert layout), bench (Llama-3.2-1B
 shapes, random bf16) or l3 (Llama-3-8B shapes, random bf16, ~16 GB); config bf16, deq<k> (kbit
-round trip stored as bf16), kbit<k> (online), awq (vLLM's own AWQ), awq_orin. Each engine runs in
+round trip stored as bf16), kbit<k> (online), pre<k> (a kbit folder saved by the HF path), awq
+(vLLM's own AWQ), awq_orin. Each engine runs in
 its own subprocess (engine core in-process, so the weight-loading peak can be read) and prints one
 RESULT JSON line: compile and cudagraph modes, weight memory and the peak while loading, then
 greedy outputs with logprobs (tiny), decode tokens/s at batch 1 and 16 (bench), or decode
@@ -27,6 +29,9 @@ ROOT = "/tmp/kbit_e2e_models"
 SHAPES = {
     "tiny": dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2),
+    "tinymoe": dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2,
+                    tie_word_embeddings=False),
     "bench": dict(vocab_size=32000, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                   num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True),
     "l3": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
@@ -56,15 +61,20 @@ def make_folder(model: str, variant: str) -> str:
     path = f"{ROOT}/{model}_{variant}"
     if os.path.exists(f"{path}/config.json"):
         return path
-    cfg = LlamaConfig(bos_token_id=1, eos_token_id=2, pad_token_id=3, max_position_embeddings=4096,
-                      torch_dtype="bfloat16", **SHAPES[model])
+    common = dict(bos_token_id=1, eos_token_id=2, pad_token_id=3, max_position_embeddings=4096,
+                  torch_dtype="bfloat16")
     torch.manual_seed(0)
-    with torch.device("cuda"):
-        net = LlamaForCausalLM(cfg).to(torch.bfloat16)
-    state = {k: v.detach().contiguous() for k, v in net.state_dict().items()}
+    if model == "tinymoe":
+        cfg, state = moe_state(common)
+        net = None
+    else:
+        cfg = LlamaConfig(**common, **SHAPES[model])
+        with torch.device("cuda"):
+            net = LlamaForCausalLM(cfg).to(torch.bfloat16)
+        state = {k: v.detach().contiguous() for k, v in net.state_dict().items()}
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    lin = [k for k in state if k.endswith("_proj.weight") and ".layers." in k]
+    lin = [k for k in state if ".layers." in k and (k.endswith("_proj.weight") or ".experts." in k)]
     if variant.startswith("deq"):
         from kbit_vllm import normal_float_codebook, ops
 
@@ -93,6 +103,53 @@ def make_folder(model: str, variant: str) -> str:
     save_tokenizer(path, cfg.vocab_size)
     del net, state
     torch.cuda.empty_cache()
+    return path
+
+
+def moe_state(common: dict):
+    """Random Mixtral (SHAPES["tinymoe"]) as the hub stores it: per-expert w1/w2/w3, router gate."""
+    import torch
+    from transformers import MixtralConfig
+
+    cfg = MixtralConfig(**common, **SHAPES["tinymoe"])
+    cfg.architectures = ["MixtralForCausalLM"]
+    h, i, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    kvd = cfg.num_key_value_heads * (h // cfg.num_attention_heads)
+
+    def rnd(*shape):
+        return (torch.randn(*shape, device="cuda") * 0.05).to(torch.bfloat16)
+
+    one = torch.ones(h, dtype=torch.bfloat16, device="cuda")
+    st = {"model.embed_tokens.weight": rnd(v, h), "model.norm.weight": one, "lm_head.weight": rnd(v, h)}
+    for layer in range(cfg.num_hidden_layers):
+        p = f"model.layers.{layer}."
+        st[p + "input_layernorm.weight"] = one
+        st[p + "post_attention_layernorm.weight"] = one
+        for n, o in (("q", h), ("k", kvd), ("v", kvd), ("o", h)):
+            st[p + f"self_attn.{n}_proj.weight"] = rnd(o, h)
+        st[p + "block_sparse_moe.gate.weight"] = rnd(cfg.num_local_experts, h)
+        for e in range(cfg.num_local_experts):
+            q = p + f"block_sparse_moe.experts.{e}."
+            st[q + "w1.weight"], st[q + "w2.weight"], st[q + "w3.weight"] = rnd(i, h), rnd(h, i), rnd(i, h)
+    return cfg, st
+
+
+def make_prequantized(model: str, k: int) -> str:
+    """The bf16 folder quantized to kbit k by transformers + KbitConfig and saved (the HF path)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from kbit_vllm import KbitConfig
+
+    path = f"{ROOT}/{model}_pre{k}"
+    if not os.path.exists(f"{path}/config.json"):
+        src = make_folder(model, "bf16")
+        net = AutoModelForCausalLM.from_pretrained(src, quantization_config=KbitConfig(bits=k),
+                                                   dtype=torch.bfloat16, device_map="cuda")
+        net.save_pretrained(path)
+        AutoTokenizer.from_pretrained(src).save_pretrained(path)
+        del net
+        torch.cuda.empty_cache()
     return path
 
 
@@ -131,7 +188,10 @@ def child(name: str) -> None:
 
     model, config = name.split("_", 1)
     kw: dict = {}
-    if config.startswith("kbit"):
+    if config.startswith("pre"):  # a kbit folder written by the HF path, served as a checkpoint
+        kw = dict(quantization="kbit")
+        folder = make_prequantized(model, int(config[3:]))
+    elif config.startswith("kbit"):
         kw = dict(quantization="kbit",
                   hf_overrides={"quantization_config": {"quant_method": "kbit", "bits": int(config[4:])}})
         folder = make_folder(model, "bf16")
@@ -154,7 +214,7 @@ def child(name: str) -> None:
     res: dict = {"name": name, "init_s": round(time.perf_counter() - t0, 1), "compile_mode": str(cc.mode),
                  "cudagraph_mode": str(cc.cudagraph_mode),
                  "quantization": llm.llm_engine.vllm_config.model_config.quantization, **peak}
-    if model == "tiny":
+    if model in ("tiny", "tinymoe"):
         sp = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=1)
         outs = llm.generate(["w1 w2 w3 w4", "w10 w20 w30", "w5"], sp, use_tqdm=False)
         res["outputs"] = []
