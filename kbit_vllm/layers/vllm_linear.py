@@ -191,7 +191,9 @@ class KbitLinearMethod(_KbitLinearBase):
             data=torch.zeros(out_p, nb_p, dtype=torch.uint8), input_dim=1, output_dim=0,
             weight_loader=_checked_loader(self.prefix, "weight_absmax", layer_loader, (torch.uint8,),
                                           nb_full, f"in_features/32 = {input_size}/32"))
-        codebook = BasevLLMParameter(data=self._default_codebook(torch.device("cpu")).clone(),
+        # On the model's device (the default device while vLLM builds the model): a CPU parameter
+        # would be moved back to the CPU by vLLM's device_loading_context after processing.
+        codebook = BasevLLMParameter(data=self._default_codebook(torch.get_default_device()).clone(),
                                      weight_loader=self._load_codebook)
         layer.register_parameter("weight_packed", packed)
         layer.register_parameter("weight_absmax", absmax)

@@ -219,7 +219,8 @@ class KbitMoEMethod(_KbitMoEBase):
             layer.register_parameter(name, p)
             set_weight_attrs(p, {"weight_loader": self._checked(loader, name, dtype, cols, desc)})
         for name in ("w13_codebook", "w2_codebook"):
-            p = Parameter(self._config_codebook(torch.device("cpu")), requires_grad=False)
+            # the model's device (see vllm_linear.py: CPU parameters are moved back after loading)
+            p = Parameter(self._config_codebook(torch.get_default_device()).clone(), requires_grad=False)
             layer.register_parameter(name, p)
             set_weight_attrs(p, {"weight_loader": self._codebook_loader(name)})
 
