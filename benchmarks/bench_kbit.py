@@ -91,7 +91,7 @@ def n_copies(nbytes: int, cap: int = 400) -> int:
 
 
 def bench_shape(name: str, in_f: int, out_f: int, ks: list[int], ms: list[int], bw: float, quick: bool,
-                dt: torch.dtype = torch.float16) -> list[dict]:
+                dt: torch.dtype = torch.float16, mma_variants: bool = False) -> list[dict]:
     """Our kernels in activation dtype dt beside cuBLAS in the same dtype."""
     rows = []
     w = torch.randn(out_f, in_f, device="cuda", dtype=dt) * 0.05
@@ -112,7 +112,7 @@ def bench_shape(name: str, in_f: int, out_f: int, ks: list[int], ms: list[int], 
             r = {"shape": name, "in": in_f, "out": out_f, "k": k, "M": m}
             small = m <= dispatch.GEMV_MAX_M
             paths = (["gemv_sk", "gemv_cluster"] if small and k <= 4 else ["gemv_cluster"] if small else []) + [
-                "mma"] + (["dequant"] if m >= 8 else [])
+                "mma"] + (["mma_tw1", "mma_tw2"] if mma_variants else []) + (["dequant"] if m >= 8 else [])
             for path in paths:
                 def mk(c, path=path, x=x, cb=cb, k=k):
                     return lambda: cuda_ops.linear_path(x, c[0], c[1], cb, None, k, out_f, path)
@@ -185,6 +185,19 @@ def print_tables(rows: list[dict]) -> None:
                   f"{r['floor']:.1f} | {best / r['floor']:.2f} |")
 
 
+def print_mma_variants(rows: list[dict]) -> None:
+    """MMA row-tile widths side by side (--mma-variants), to set ops.MMA_TW from measurements."""
+    sel = [r for r in rows if "mma_tw1" in r or "mma_tw2" in r]
+    if not sel:
+        return
+    print("\n### MMA row-tile width (µs per call)\n")
+    print("| shape (in x out) | k | M | mma tw=1 | mma tw=2 | dequant+cuBLAS | cuBLAS |")
+    print("|---|---|---|---|---|---|---|")
+    for r in sel:
+        print(f"| {r['shape']} {r['in']}x{r['out']} | {r['k']} | {r['M']} | {fmt(r.get('mma_tw1'))} | "
+              f"{fmt(r.get('mma_tw2'))} | {fmt(r.get('dequant'))} | {fmt(r['cublas_fp16'])} |")
+
+
 def print_summary(rows: list[dict]) -> None:
     seed = {n for n, _, _ in SEED_DENSE}
     print("\n### Summary: seed-002 dense shapes summed (fp16 time / kbit op time)\n")
@@ -206,6 +219,7 @@ def main() -> None:
     ap.add_argument("--shapes", default=None, help="comma-separated shape names (default all)")
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"),
                     help="activation dtype (cuBLAS runs in the same dtype)")
+    ap.add_argument("--mma-variants", action="store_true", help="also time the MMA with 128- and 256-feature row tiles")
     args = ap.parse_args()
     bw, dev = start_run()
     ks = [4] if args.quick else KS
@@ -217,9 +231,10 @@ def main() -> None:
     for name, in_f, out_f in SEED_DENSE + LLAMA:
         if args.shapes and name not in args.shapes.split(","):
             continue
-        rows += bench_shape(name, in_f, out_f, ks, ms, bw, args.quick, getattr(torch, args.dtype))
+        rows += bench_shape(name, in_f, out_f, ks, ms, bw, args.quick, getattr(torch, args.dtype), args.mma_variants)
         print(f"# {name} done at {time.time() - t0:.0f}s", flush=True)
     print_tables(rows)
+    print_mma_variants(rows)
     print_summary(rows)
     with open(args.json, "w") as f:
         json.dump({"device": dev, "hbm_bytes_per_s": bw, "rows": rows}, f, indent=1)

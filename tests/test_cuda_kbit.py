@@ -116,7 +116,7 @@ def test_linear_all_paths(k, dtype, in_f, out_f):
         x = torch.randn(m, in_f, device=DEV, dtype=dtype)
         sk = k <= 4 and ((out_f + 127) // 128) * (in_f // 32) >= 8
         paths = (["gemv", "gemv_cluster"] + (["gemv_sk"] if sk else []) if m <= 4 else []) + (
-            ["mma"] if m <= 256 else []) + ["dequant"]
+            ["mma", "mma_tw1"] if m <= 256 else []) + ["dequant"]
         for path in paths:
             b = bias if m % 2 else None
             y = cuda_ops.linear_path(x, pt, at, cb, b, k, out_f, path)
@@ -189,6 +189,27 @@ def test_deterministic_mode(m, dtype, monkeypatch):
     first = ops.kbit_linear(x, pt, at, cb, None, k, out_f)
     for _ in range(5):
         assert torch.equal(ops.kbit_linear(x, pt, at, cb, None, k, out_f), first)
+
+
+@pytest.mark.parametrize("path", ("mma_tw1", "mma_tw2"))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mma_deterministic_stream_k(path, dtype, monkeypatch):
+    """Deterministic mode: the stream-K MMA's partial row tiles are summed in CTA order from
+    per-CTA slots, so repeated calls give the same bits, for row tiles split over many CTAs
+    (few tiles, long K) and for CTAs covering several row tiles (short K)."""
+    monkeypatch.setenv("KBIT_VLLM_DETERMINISTIC", "1")
+    k = 4
+    for in_f, out_f in ((8192, 300), (4096, 1000), (64, 20000)):
+        packed, absmax, cb = _weights(out_f, in_f, k)
+        pt, at = ops.kbit_repack(packed, absmax, k)
+        w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64)
+        bias = torch.randn(out_f, device=DEV, dtype=dtype)
+        for m in (5, 16, 40, 64, 100):
+            x = torch.randn(m, in_f, device=DEV, dtype=dtype)
+            first = cuda_ops.linear_path(x, pt, at, cb, bias, k, out_f, path)
+            _check_linear(first, x, w64, bias, dtype)
+            for _ in range(3):
+                assert torch.equal(cuda_ops.linear_path(x, pt, at, cb, bias, k, out_f, path), first)
 
 
 @pytest.mark.parametrize("deterministic", (True, False))

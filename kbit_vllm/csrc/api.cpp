@@ -31,7 +31,9 @@ template <typename T>
 int gemv_sk_ctas_per_sm(int k, int M);
 template <typename T>
 int launch_mma(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int k, int M,
-               int N, int nb, void* y, int mb, int splits, float* ws, int* counters, cudaStream_t s);
+               int N, int nb, void* y, int mb, int tw, int ctas, int det, float* ws, int* counters, cudaStream_t s);
+template <typename T>
+int mma_ctas_per_sm(int k, int mb, int tw);
 }
 
 extern "C" {
@@ -94,11 +96,12 @@ KBIT_DEQUANT_API(fp32, float)
     }                                                                                                     \
     int kbit_vllm_gemv_sk_ctas_per_sm_##SUFFIX(int k, int M) { return kbit::gemv_sk_ctas_per_sm<T>(k, M); } \
     int kbit_vllm_mma_##SUFFIX(const void* x, const void* pt, const uint8_t* at, const float* cb,         \
-                               const void* bias, int k, int M, int N, int nb, void* y, int mb, int splits, \
-                               float* ws, int* counters, void* stream) {                                  \
-        return kbit::launch_mma<T>(x, pt, at, cb, bias, k, M, N, nb, y, mb, splits, ws, counters,         \
+                               const void* bias, int k, int M, int N, int nb, void* y, int mb, int tw,    \
+                               int ctas, int det, float* ws, int* counters, void* stream) {               \
+        return kbit::launch_mma<T>(x, pt, at, cb, bias, k, M, N, nb, y, mb, tw, ctas, det, ws, counters,  \
                                    static_cast<cudaStream_t>(stream));                                    \
-    }
+    }                                                                                                     \
+    int kbit_vllm_mma_ctas_per_sm_##SUFFIX(int k, int mb, int tw) { return kbit::mma_ctas_per_sm<T>(k, mb, tw); }
 KBIT_LINEAR_API(fp16, half)
 KBIT_LINEAR_API(bf16, __nv_bfloat16)
 

@@ -1,23 +1,38 @@
-// kbit tensor-core GEMM for mid M: y[M, N] = x[M, K] @ W^T (+ bias), W in the tiled layout.
+// kbit tensor-core GEMM for mid M (5..~64 rows): y[M, N] = x[M, K] @ W^T (+ bias), W tiled.
 //
-// CTA tile: 16*MB rows of x  x  128 output rows (one n-tile)  x  a K range (split-K).
-// 8 warps; warp w owns output rows [16w, 16w+16) of the tile (two n8 MMA sub-tiles) for all
-// 16*MB x rows. A 4-stage cp.async pipeline brings, per stage, 2 quantization blocks (64 of K):
-// the tile's plane words and absmax bytes (contiguous in the tiled layout) and the x tile
-// (XOR-swizzled 16-byte chunks, read with ldmatrix). Each thread decodes exactly its B
-// fragment: lane%4 is the layout's group g, whose 8 elements are the fragment's k-rows
-// 2g,2g+1,2g+8,2g+9 (+16), so one plane gather + 8 shuffles give 2 x m16n8k16 B fragments.
-// Split-K: every split writes its fp32 partial to workspace[split]; the last CTA of a tile
-// (tile counter, atomicAdd) sums the splits in a fixed order (deterministic), adds bias, writes
-// y and resets the counter to 0 for the next call.
-#include "kbit_tile.cuh"
+// Why this shape: at these M the old split-K MMA was bound by per-warp decode latency and a
+// serial split reduction (one L2 round trip per split and value), not by bytes. Here:
+// * Stream-K over one wave: work unit = (row tile, stage of 2 quantization blocks), where a row
+//   tile is 16*MB x rows times TW layout tiles (128*TW output features). The units are cut into
+//   equal contiguous ranges, one per CTA of a grid sized to the resident CTAs of the GPU, so
+//   every SM gets the same work whatever the shape, and no CTA waits for a second wave.
+// * Every weight is decoded once per CTA: 8 warps split the 128*TW features (16*TW each) and
+//   each warp runs all 16*MB rows. A warp's n8 sub-tile s, B column n, is feature
+//   wbase + NS*n + s (NS = 2*TW sub-tiles), so a lane's plane words for its NS sub-tiles are
+//   adjacent (one 8/16-byte shared load per plane) and its accumulators for one row are NS
+//   adjacent features (one vector store / reduction).
+// * k = 2..4 decode: each B fragment register (a pair of weights) is one pair-table lookup
+//   (kbit_lut.cuh, entries in the activation dtype) times the block scale (one 16-bit x2
+//   multiply). k = 5: the lane codebook shuffle.
+// * A 4-stage cp.async pipeline brings, per unit, the planes and absmax bytes of the TW tiles
+//   (contiguous per tile in the layout) and the x rows (XOR-swizzled 16-byte chunks, ldmatrix).
+// A CTA's range covers at most two partial row tiles (head and tail); whole row tiles in between
+// are written directly. Partials: default mode adds the fp32 sums into a zeroed accumulator per
+// row tile with vector reductions in L2 (no waiting; order varies run to run); deterministic mode
+// writes them to a slot per (CTA, head/tail) and the last CTA sums the slots in CTA order.
+// Either way the last CTA of a row tile (per-tile counter) writes y, adds bias, and leaves the
+// accumulator and counter zero for the next call (graph replays included).
+#include "kbit_sk.cuh"
 #include "mma_ptx.cuh"
 
 namespace kbit {
 
+namespace {
+
 constexpr int kMmaThreads = 256;
+constexpr int kMmaWarps = kMmaThreads / 32;
 constexpr int kMmaStages = 4;
-constexpr int kMmaBK = 2;  // quantization blocks per stage
+constexpr int kMmaBK = 2;  // quantization blocks per stage (unit)
 
 using ptx::cp_async16;
 using ptx::cp_async_commit;
@@ -26,108 +41,221 @@ using ptx::ldmatrix_x4;
 using ptx::mma16816;
 using ptx::smem_u32;
 
-template <int K, int MB>
-struct MmaSmem {
-    static constexpr int kRowsA = 16 * MB;
-    static constexpr int kBWords = kMmaBK * K * kTileN;           // per stage
-    static constexpr int kABytes = kRowsA * kMmaBK * 32 * 2;      // per stage (16-bit x)
-    static constexpr int kAbsBytes = kMmaBK * kTileN;             // per stage
+template <int K, int MB, int TW>
+struct MmaCfg {
+    static constexpr int kRows = 16 * MB;                 // x rows per row tile
+    static constexpr int kCols = kTileN * TW;             // features per row tile
+    static constexpr int kNS = 2 * TW;                    // n8 sub-tiles per warp
+    static constexpr int kWarpsPerTile = kMmaWarps / TW;  // warps per layout tile
+    static constexpr bool kLut = K <= 4;
+    static constexpr int kLutBytes = kLut ? kLutWords * 4 : 0;
+    static constexpr int kBWords = TW * kMmaBK * K * kTileN;  // per stage: [TW][BK][K][128]
+    static constexpr int kABytes = kRows * kMmaBK * 32 * 2;    // per stage (16-bit x)
+    static constexpr int kAbsBytes = TW * kMmaBK * kTileN;     // per stage: [TW][BK][128]
     static constexpr int kStageBytes = kBWords * 4 + kABytes + kAbsBytes;
-    static constexpr int kBytes = kStageBytes * kMmaStages;
+    static constexpr int kBytes = kLutBytes + kStageBytes * kMmaStages;
+    static constexpr int kMinBlocks = 2;
+    static_assert(kStageBytes % 16 == 0 && kNS * 8 * kWarpsPerTile == kTileN, "bad MMA tile");
 };
 
-template <typename T, int K, int MB>
-__global__ void __launch_bounds__(kMmaThreads) mma_kernel(const T* __restrict__ x, const uint32_t* __restrict__ packed_t,
-                                                          const uint8_t* __restrict__ absmax_t,
-                                                          const float* __restrict__ codebook,
-                                                          const T* __restrict__ bias, T* __restrict__ y, int M, int N,
-                                                          int nb, int splits, float* __restrict__ ws,
-                                                          int* __restrict__ counters) {
-    using S = MmaSmem<K, MB>;
-    extern __shared__ __align__(16) unsigned char smem[];
+// Product of two registers of two 16-bit values each (round to nearest).
+template <typename T>
+__device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b);
+template <>
+__device__ __forceinline__ uint32_t mul2<half>(uint32_t a, uint32_t b) {
+    return h2_bits(__hmul2(bits_h2(a), bits_h2(b)));
+}
+template <>
+__device__ __forceinline__ uint32_t mul2<__nv_bfloat16>(uint32_t a, uint32_t b) {
+    const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a),
+                                     *reinterpret_cast<const __nv_bfloat162*>(&b));
+    return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// NS adjacent plane words / absmax bytes of one lane (NS = 2 or 4).
+template <int NS>
+struct Words;
+template <>
+struct Words<2> {
+    using V = uint2;
+    __device__ static uint32_t at(const uint2& v, int s) { return s ? v.y : v.x; }
+    __device__ static uint32_t abs(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
+};
+template <>
+struct Words<4> {
+    using V = uint4;
+    __device__ static uint32_t at(const uint4& v, int s) { return s == 0 ? v.x : s == 1 ? v.y : s == 2 ? v.z : v.w; }
+    __device__ static uint32_t abs(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+};
+
+// NS adjacent floats into an fp32 accumulator in L2 (16-byte aligned for NS = 4, 8 for NS = 2).
+template <int NS>
+__device__ __forceinline__ void red_add_ns(float* dst, const float (&v)[NS]) {
+    if constexpr (NS == 4) {
+        red_add4(dst, v[0], v[1], v[2], v[3]);
+    } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst), "f"(v[0]), "f"(v[1]) : "memory");
+#else
+        atomicAdd(dst, v[0]);
+        atomicAdd(dst + 1, v[1]);
+#endif
+    }
+}
+
+template <int NS>
+__device__ __forceinline__ void st_ns(float* dst, const float (&v)[NS]) {
+    if constexpr (NS == 4) {
+        __stcg(reinterpret_cast<float4*>(dst), make_float4(v[0], v[1], v[2], v[3]));
+    } else {
+        __stcg(reinterpret_cast<float2*>(dst), make_float2(v[0], v[1]));
+    }
+}
+
+template <int NS>
+__device__ __forceinline__ void ld_ns(const float* src, float (&v)[NS]) {
+    if constexpr (NS == 4) {
+        const float4 f = __ldcg(reinterpret_cast<const float4*>(src));
+        v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+    } else {
+        const float2 f = __ldcg(reinterpret_cast<const float2*>(src));
+        v[0] = f.x, v[1] = f.y;
+    }
+}
+
+template <typename T, int K, int MB, int TW>
+__global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW>::kMinBlocks) mma_sk_kernel(
+    const T* __restrict__ x, const uint32_t* __restrict__ packed_t, const uint8_t* __restrict__ absmax_t,
+    const float* __restrict__ codebook, const T* __restrict__ bias, T* __restrict__ y, int M, int N, int nb,
+    int det, float* __restrict__ ws, int* __restrict__ counters) {
+    using S = MmaCfg<K, MB, TW>;
+    constexpr int NS = S::kNS;
+    extern __shared__ __align__(16) unsigned char smem_mma[];
+    __shared__ int last_flag;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane & 3, col8 = lane >> 2;
-    const int tile = blockIdx.x, mt = blockIdx.y, split = blockIdx.z;
-    const int m0 = mt * S::kRowsA;
-    const int in_f = nb * 32;
+    const int tw_w = warp / S::kWarpsPerTile;                        // layout tile of this warp in the row tile
+    const int wbase = (warp - tw_w * S::kWarpsPerTile) * NS * 8;     // first feature of the warp in that tile
+    const int n_tiles = (N + kTileN - 1) / kTileN;
+    const int n_rt = (n_tiles + TW - 1) / TW;                        // row tiles along N
     const int nst = (nb + kMmaBK - 1) / kMmaBK;
-    const int st0 = static_cast<int>(static_cast<long long>(nst) * split / splits);
-    const int st1 = static_cast<int>(static_cast<long long>(nst) * (split + 1) / splits);
-    const uint32_t* Pt = packed_t + static_cast<size_t>(tile) * nb * K * kTileN;
-    const uint8_t* At = absmax_t + static_cast<size_t>(tile) * nb * kTileN;
+    const int m_tiles = (M + S::kRows - 1) / S::kRows;
+    const long long ctas = gridDim.x, cta = blockIdx.x;
+    const long long units = static_cast<long long>(m_tiles) * n_rt * nst;
+    const int u0 = static_cast<int>(sk_start(cta, units, ctas));
+    const int u1 = static_cast<int>(sk_start(cta + 1, units, ctas));
+    const int in_f = nb * 32;
+    uint32_t* tbl = reinterpret_cast<uint32_t*>(smem_mma);
+    unsigned char* stages = smem_mma + S::kLutBytes;
 
-    auto stage_ptr = [&](int s) { return smem + s * S::kStageBytes; };
-
-    auto load_stage = [&](int st, int slot) {
-        unsigned char* base = stage_ptr(slot);
+    auto load_stage = [&](int u, int slot) {
+        unsigned char* base = stages + slot * S::kStageBytes;
+        const int rt = u / nst, st = u - rt * nst;
+        const int mt = rt / n_rt, t0 = (rt - mt * n_rt) * TW;
         const int j0 = st * kMmaBK;
         const int jn = min(kMmaBK, nb - j0);  // valid blocks in this stage
-        // B planes: jn*K*128 words contiguous from block j0.
-        constexpr int kBChunks = S::kBWords / 4;
-        for (int c = tid; c < kBChunks; c += kMmaThreads) {
-            const bool ok = c * 4 < jn * K * kTileN;
-            cp_async16(base + c * 16, Pt + static_cast<size_t>(j0) * K * kTileN + (ok ? c * 4 : 0), ok);
+        constexpr int kTileChunks = kMmaBK * K * kTileN / 4;
+#pragma unroll
+        for (int tw = 0; tw < TW; ++tw) {
+            const bool tile_ok = t0 + tw < n_tiles;
+            const uint32_t* src = packed_t + (static_cast<size_t>(t0 + tw) * nb + j0) * K * kTileN;
+            for (int c = tid; c < kTileChunks; c += kMmaThreads) {
+                const bool ok = tile_ok && c * 4 < jn * K * kTileN;
+                cp_async16(base + (tw * kTileChunks + c) * 16, ok ? src + c * 4 : packed_t, ok);
+            }
         }
-        constexpr int kAbsChunks = S::kAbsBytes / 16;
         unsigned char* abs_s = base + S::kBWords * 4 + S::kABytes;
+        constexpr int kAbsChunks = S::kAbsBytes / 16;
+        constexpr int kAbsTileChunks = kMmaBK * kTileN / 16;
         for (int c = tid; c < kAbsChunks; c += kMmaThreads) {
-            const bool ok = c * 16 < jn * kTileN;
-            cp_async16(abs_s + c * 16, At + static_cast<size_t>(j0) * kTileN + (ok ? c * 16 : 0), ok);
+            const int tw = c / kAbsTileChunks, cc = c - tw * kAbsTileChunks;
+            const bool ok = t0 + tw < n_tiles && cc * 16 < jn * kTileN;
+            const uint8_t* src = absmax_t + (static_cast<size_t>(t0 + tw) * nb + j0) * kTileN + cc * 16;
+            cp_async16(abs_s + c * 16, ok ? src : absmax_t, ok);
         }
-        // x tile: rows m0.., 64 elements from column j0*32: 8 chunks of 16 B per row, swizzled.
+        // x rows mt*kRows.., 64 elements from column j0*32: 8 chunks of 16 B per row, swizzled.
         unsigned char* a_s = base + S::kBWords * 4;
-        constexpr int kAChunks = S::kRowsA * 8;
+        const int m0 = mt * S::kRows;
+        constexpr int kAChunks = S::kRows * 8;
         for (int c = tid; c < kAChunks; c += kMmaThreads) {
             const int r = c >> 3, ch = c & 7;
             const bool ok = (m0 + r < M) && (ch < jn * 4);
-            const T* src = x + (ok ? static_cast<size_t>(m0 + r) * in_f + static_cast<size_t>(j0) * 32 + ch * 8 : 0);
+            const T* src = ok ? x + static_cast<size_t>(m0 + r) * in_f + static_cast<size_t>(j0) * 32 + ch * 8 : x;
             cp_async16(a_s + r * 128 + ((ch ^ (r & 7)) << 4), src, ok);
         }
     };
 
-    float acc[MB][2][4];
+#pragma unroll
+    for (int s = 0; s < kMmaStages - 1; ++s) {
+        if (u0 + s < u1) load_stage(u0 + s, s);
+        cp_async_commit();
+    }
+    // The table is built while the first stages are in flight; the loop's first barrier publishes it.
+    float cbl = 0.f;
+    if constexpr (S::kLut) {
+        build_pair_lut<K, T>(tbl, codebook, tid, kMmaThreads);
+    } else {
+        cbl = lane_codebook<K>(codebook, lane);
+    }
+    const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
+    const char* tblc = reinterpret_cast<const char*>(tbl);
+
+    float acc[MB][NS][4];
 #pragma unroll
     for (int i = 0; i < MB; ++i)
 #pragma unroll
-        for (int s = 0; s < 2; ++s)
+        for (int s = 0; s < NS; ++s)
 #pragma unroll
             for (int q = 0; q < 4; ++q) acc[i][s][q] = 0.f;
 
-    const float cbl = lane_codebook<K>(codebook, lane);
+    // Row tile of the current segment and whether the segment began at its first unit.
+    const int rt_first = u0 / nst;
+    int rt = rt_first;
+    bool seg_from_start = u0 == rt * nst;
+    const int lcol = tw_w * kTileN + wbase + NS * col8;  // this lane's B columns in the row tile
 
-#pragma unroll
-    for (int s = 0; s < kMmaStages - 1; ++s) {
-        if (st0 + s < st1) load_stage(st0 + s, s);
-        cp_async_commit();
-    }
-
-    for (int st = st0; st < st1; ++st) {
-        const int it = st - st0;
+    for (int u = u0; u < u1; ++u) {
+        const int itn = u - u0;
         cp_async_wait<kMmaStages - 2>();
         __syncthreads();
         {
-            const int nxt = st + kMmaStages - 1;
-            if (nxt < st1) load_stage(nxt, (it + kMmaStages - 1) % kMmaStages);
+            const int nxt = u + kMmaStages - 1;
+            if (nxt < u1) load_stage(nxt, (itn + kMmaStages - 1) % kMmaStages);
             cp_async_commit();
         }
-        const unsigned char* base = stage_ptr(it % kMmaStages);
-        const uint32_t* b_s = reinterpret_cast<const uint32_t*>(base);
+        const unsigned char* base = stages + (itn % kMmaStages) * S::kStageBytes;
+        const uint32_t* b_s = reinterpret_cast<const uint32_t*>(base) + tw_w * kMmaBK * K * kTileN;
         const uint32_t a_base = smem_u32(base + S::kBWords * 4);
-        const uint8_t* abs_s = base + S::kBWords * 4 + S::kABytes;
+        const uint8_t* abs_s = base + S::kBWords * 4 + S::kABytes + tw_w * kMmaBK * kTileN;
+        const int c0 = wbase + NS * col8;  // column in the layout tile
 #pragma unroll
         for (int blk = 0; blk < kMmaBK; ++blk) {
-            uint32_t bf[2][4];  // [n8 sub-tile][b0,b1 of k16 #0, b0,b1 of k16 #1]
+            using Wd = Words<NS>;
+            typename Wd::V pw[K];
 #pragma unroll
-            for (int s = 0; s < 2; ++s) {
-                const int c = warp * 16 + s * 8 + col8;
+            for (int b = 0; b < K; ++b)
+                pw[b] = *reinterpret_cast<const typename Wd::V*>(b_s + (blk * K + b) * kTileN + c0);
+            const uint32_t ab = Wd::abs(abs_s + blk * kTileN + c0);
+            uint32_t bf[NS][4];  // [n8 sub-tile][b0, b1 of k16 #0, b0, b1 of k16 #1]
+#pragma unroll
+            for (int s = 0; s < NS; ++s) {
                 uint32_t p[K];
 #pragma unroll
-                for (int b = 0; b < K; ++b) p[b] = b_s[(blk * K + b) * kTileN + c];
-                const float sc = decode_e4m4(abs_s[blk * kTileN + c]);
-                float v[8];
-                decode_group<K>(p, g, cbl, v);
+                for (int b = 0; b < K; ++b) p[b] = Wd::at(pw[b], s);
+                const float sc = decode_e4m4_fast((ab >> (8 * s)) & 0xFFu);
+                if constexpr (S::kLut) {
+                    const uint32_t gw = group_word<K>(p, g);
+                    const uint32_t s2 = pack2<T>(sc, sc);
+                    bf[s][0] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + lut_off<0>(gw, g, lane4)), s2);
+                    bf[s][1] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + lut_off<1>(gw, g, lane4)), s2);
+                    bf[s][2] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + lut_off<2>(gw, g, lane4)), s2);
+                    bf[s][3] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + lut_off<3>(gw, g, lane4)), s2);
+                } else {
+                    float v[8];
+                    decode_group<K>(p, g, cbl, v);
 #pragma unroll
-                for (int q = 0; q < 4; ++q) bf[s][q] = pack2<T>(v[2 * q] * sc, v[2 * q + 1] * sc);
+                    for (int q = 0; q < 4; ++q) bf[s][q] = pack2<T>(v[2 * q] * sc, v[2 * q + 1] * sc);
+                }
             }
 #pragma unroll
             for (int kk = 0; kk < 2; ++kk) {
@@ -138,115 +266,230 @@ __global__ void __launch_bounds__(kMmaThreads) mma_kernel(const T* __restrict__ 
                     uint32_t af[4];
                     ldmatrix_x4(af, a_base + r * 128 + ((ch ^ (r & 7)) << 4));
 #pragma unroll
-                    for (int s = 0; s < 2; ++s) mma16816<T>(acc[i][s], af, bf[s][2 * kk], bf[s][2 * kk + 1]);
+                    for (int s = 0; s < NS; ++s) mma16816<T>(acc[i][s], af, bf[s][2 * kk], bf[s][2 * kk + 1]);
                 }
             }
         }
-    }
-    cp_async_wait<0>();
+        const int st = u - rt * nst;
+        if (st != nst - 1 && u + 1 != u1) continue;
 
-    // Epilogue. Fragment (i, s, q): row m0 + 16i + lane/4 + 8*(q>>1), col tile*128 + 16w + 8s + 2g + (q&1).
-    const int rbase = m0 + (lane >> 2);
-    const int cbase = tile * kTileN + warp * 16 + 2 * g;
-    if (splits > 1) {
-        float* wsp = ws + static_cast<size_t>(split) * M * N;
+        // End of this CTA's segment of row tile rt. Fragment (i, s, q): row 16i + lane/4 + 8(q>>1),
+        // column lcol + NS*(2g + (q&1)) - NS*col8 + s of the row tile: for fixed (i, q), NS adjacent columns.
+        const int mt = rt / n_rt, t0 = (rt - mt * n_rt) * TW;
+        const int fcol0 = t0 * kTileN + lcol - NS * col8;  // feature of (s = 0, n = 0)
+        const int tcol0 = lcol - NS * col8;                // row-tile column of (s = 0, n = 0)
+        bool write = true;
+        if (!(seg_from_start && st == nst - 1)) {
+            // Partial: publish, count, and let the last CTA of the row tile finish it.
+            const long long first = static_cast<long long>(rt) * nst, lastu = first + nst - 1;
+            const long long wf = sk_owner(first, units, ctas), wl = sk_owner(lastu, units, ctas);
+            constexpr int kTileFloats = S::kRows * S::kCols;
+            float* mine = det ? ws + (static_cast<size_t>(cta) * 2 + (rt == rt_first ? 0 : 1)) * kTileFloats
+                              : ws + static_cast<size_t>(rt) * kTileFloats;
 #pragma unroll
-        for (int i = 0; i < MB; ++i)
-#pragma unroll
-            for (int s = 0; s < 2; ++s)
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    const int r = rbase + 16 * i + 8 * (q >> 1), c = cbase + 8 * s + (q & 1);
-                    if (r < M && c < N) wsp[static_cast<size_t>(r) * N + c] = acc[i][s][q];
-                }
-        __threadfence();
-        __syncthreads();
-        __shared__ int last;
-        int* ctr = counters + mt * gridDim.x + tile;
-        if (tid == 0) last = atomicAdd(ctr, 1) == splits - 1;
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
-#pragma unroll
-        for (int i = 0; i < MB; ++i)
-#pragma unroll
-            for (int s = 0; s < 2; ++s)
+            for (int i = 0; i < MB; ++i)
 #pragma unroll
                 for (int q = 0; q < 4; ++q) {
-                    const int r = rbase + 16 * i + 8 * (q >> 1), c = cbase + 8 * s + (q & 1);
-                    float sum = 0.f;
-                    if (r < M && c < N)
-                        for (int z = 0; z < splits; ++z)
-                            sum += z == split ? acc[i][s][q] : __ldcg(ws + (static_cast<size_t>(z) * M + r) * N + c);
-                    acc[i][s][q] = sum;
+                    float v[NS];
+#pragma unroll
+                    for (int s = 0; s < NS; ++s) v[s] = acc[i][s][q];
+                    const int rr = 16 * i + (lane >> 2) + 8 * (q >> 1);
+                    float* dst = mine + rr * S::kCols + tcol0 + NS * (2 * g + (q & 1));
+                    if (det) {
+                        st_ns<NS>(dst, v);
+                    } else {
+                        red_add_ns<NS>(dst, v);
+                    }
                 }
-        if (tid == 0) *ctr = 0;
-    }
+            __threadfence();
+            __syncthreads();
+            if (tid == 0) {
+                const int old = atomicAdd(counters + rt, 1);
+                last_flag = old == static_cast<int>(wl - wf);
+                if (last_flag) counters[rt] = 0;  // every other CTA of this row tile has counted
+            }
+            __syncthreads();
+            write = last_flag != 0;
+            if (write) {
+                __threadfence();
+                if (det) {
 #pragma unroll
-    for (int i = 0; i < MB; ++i)
+                    for (int i = 0; i < MB; ++i)
 #pragma unroll
-        for (int s = 0; s < 2; ++s)
+                        for (int s = 0; s < NS; ++s)
 #pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                const int r = rbase + 16 * i + 8 * (q >> 1), c = cbase + 8 * s + (q & 1);
-                if (r < M && c < N) {
-                    float v = acc[i][s][q];
-                    if (bias != nullptr) v += to_float(bias[c]);
-                    y[static_cast<size_t>(r) * N + c] = from_float<T>(v);
+                            for (int q = 0; q < 4; ++q) acc[i][s][q] = 0.f;
+                    for (long long c = wf; c <= wl; ++c) {  // fixed CTA order; each CTA's loads independent
+                        const bool head = sk_start(c, units, ctas) >= first;
+                        const float* src = ws + (static_cast<size_t>(c) * 2 + (head ? 0 : 1)) * kTileFloats;
+#pragma unroll
+                        for (int i = 0; i < MB; ++i)
+#pragma unroll
+                            for (int q = 0; q < 4; ++q) {
+                                const int rr = 16 * i + (lane >> 2) + 8 * (q >> 1);
+                                float v[NS];
+                                ld_ns<NS>(src + rr * S::kCols + tcol0 + NS * (2 * g + (q & 1)), v);
+#pragma unroll
+                                for (int s = 0; s < NS; ++s) acc[i][s][q] += v[s];
+                            }
+                    }
+                } else {
+#pragma unroll
+                    for (int i = 0; i < MB; ++i)
+#pragma unroll
+                        for (int q = 0; q < 4; ++q) {
+                            const int rr = 16 * i + (lane >> 2) + 8 * (q >> 1);
+                            float* src = mine + rr * S::kCols + tcol0 + NS * (2 * g + (q & 1));
+                            float v[NS];
+                            ld_ns<NS>(src, v);
+                            const float z[NS] = {};
+                            st_ns<NS>(src, z);
+#pragma unroll
+                            for (int s = 0; s < NS; ++s) acc[i][s][q] = v[s];
+                        }
                 }
             }
+        }
+        if (write) {
+            float bv[2][NS];
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int s = 0; s < NS; ++s) {
+                    const int c = fcol0 + NS * (2 * g + h) + s;
+                    bv[h][s] = (bias != nullptr && c < N) ? to_float(bias[c]) : 0.f;
+                }
+            const bool vec = N % NS == 0;
+#pragma unroll
+            for (int i = 0; i < MB; ++i)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    const int r = mt * S::kRows + 16 * i + (lane >> 2) + 8 * (q >> 1);
+                    const int c = fcol0 + NS * (2 * g + (q & 1));
+                    if (r >= M) continue;
+                    T* dst = y + static_cast<size_t>(r) * N + c;
+                    if (vec && c + NS <= N) {
+                        uint32_t w[NS / 2];
+#pragma unroll
+                        for (int s = 0; s < NS; s += 2)
+                            w[s / 2] = pack2<T>(acc[i][s][q] + bv[q & 1][s], acc[i][s + 1][q] + bv[q & 1][s + 1]);
+                        if constexpr (NS == 4) {
+                            *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+                        } else {
+                            *reinterpret_cast<uint32_t*>(dst) = w[0];
+                        }
+                    } else {
+#pragma unroll
+                        for (int s = 0; s < NS; ++s)
+                            if (c + s < N) dst[s] = from_float<T>(acc[i][s][q] + bv[q & 1][s]);
+                    }
+                }
+        }
+#pragma unroll
+        for (int i = 0; i < MB; ++i)
+#pragma unroll
+            for (int s = 0; s < NS; ++s)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) acc[i][s][q] = 0.f;
+        ++rt;
+        seg_from_start = true;
+    }
+    cp_async_wait<0>();
 }
 
-template <typename T, int K, int MB>
-int launch_mma_kmb(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int M,
-                   int N, int nb, void* y, int splits, float* ws, int* counters, cudaStream_t stream) {
-    using S = MmaSmem<K, MB>;
-    auto kern = mma_kernel<T, K, MB>;
+template <typename T, int K, int MB, int TW>
+const void* mma_kernel_ptr() {
+    return reinterpret_cast<const void*>(mma_sk_kernel<T, K, MB, TW>);
+}
+
+template <typename T, int K, int MB, int TW>
+int launch_mma_kmt(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int M, int N,
+                   int nb, void* y, int ctas, int det, float* ws, int* counters, cudaStream_t stream) {
+    using S = MmaCfg<K, MB, TW>;
+    auto kern = mma_sk_kernel<T, K, MB, TW>;
     if (S::kBytes > 48 * 1024) {
         const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytes);
         if (e != cudaSuccess) return static_cast<int>(e);
     }
-    const int nt = (N + kTileN - 1) / kTileN;
-    const int mts = (M + S::kRowsA - 1) / S::kRowsA;
-    const dim3 grid(nt, mts, splits);
-    kern<<<grid, kMmaThreads, S::kBytes, stream>>>(static_cast<const T*>(x), static_cast<const uint32_t*>(pt), at,
-                                                   cb, static_cast<const T*>(bias), static_cast<T*>(y), M, N, nb,
-                                                   splits, ws, counters);
+    kern<<<ctas, kMmaThreads, S::kBytes, stream>>>(static_cast<const T*>(x), static_cast<const uint32_t*>(pt), at, cb,
+                                                   static_cast<const T*>(bias), static_cast<T*>(y), M, N, nb, det, ws,
+                                                   counters);
     KBIT_RETURN_LAUNCH_STATUS();
 }
 
-template <typename T, int K>
-int launch_mma_k(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int M, int N,
-                 int nb, void* y, int mb, int splits, float* ws, int* counters, cudaStream_t s) {
-    switch (mb) {
-        case 1: return launch_mma_kmb<T, K, 1>(x, pt, at, cb, bias, M, N, nb, y, splits, ws, counters, s);
-        case 2: return launch_mma_kmb<T, K, 2>(x, pt, at, cb, bias, M, N, nb, y, splits, ws, counters, s);
-        case 4: return launch_mma_kmb<T, K, 4>(x, pt, at, cb, bias, M, N, nb, y, splits, ws, counters, s);
-        case 8: return launch_mma_kmb<T, K, 8>(x, pt, at, cb, bias, M, N, nb, y, splits, ws, counters, s);
-        default: return static_cast<int>(cudaErrorInvalidValue);
+// Calls F<T, K, MB, TW>::run(args...) for runtime (k, mb, tw); cudaErrorInvalidValue otherwise.
+#define KBIT_MMA_DISPATCH(CALL)                                                   \
+    switch (k * 100 + mb * 10 + tw) {                                             \
+        case 211: return CALL(2, 1, 1); case 212: return CALL(2, 1, 2);           \
+        case 221: return CALL(2, 2, 1); case 222: return CALL(2, 2, 2);           \
+        case 241: return CALL(2, 4, 1); case 242: return CALL(2, 4, 2);           \
+        case 311: return CALL(3, 1, 1); case 312: return CALL(3, 1, 2);           \
+        case 321: return CALL(3, 2, 1); case 322: return CALL(3, 2, 2);           \
+        case 341: return CALL(3, 4, 1); case 342: return CALL(3, 4, 2);           \
+        case 411: return CALL(4, 1, 1); case 412: return CALL(4, 1, 2);           \
+        case 421: return CALL(4, 2, 1); case 422: return CALL(4, 2, 2);           \
+        case 441: return CALL(4, 4, 1); case 442: return CALL(4, 4, 2);           \
+        case 511: return CALL(5, 1, 1); case 512: return CALL(5, 1, 2);           \
+        case 521: return CALL(5, 2, 1); case 522: return CALL(5, 2, 2);           \
+        case 541: return CALL(5, 4, 1); case 542: return CALL(5, 4, 2);           \
+        default: break;                                                           \
     }
+
+template <typename T>
+int mma_ctas_per_sm_impl(int k, int mb, int tw) {
+    if (mb != 1 && mb != 2 && mb != 4) return 0;
+    if (tw != 1 && tw != 2) return 0;
+    const void* f = nullptr;
+    int smem = 0;
+#define KBIT_MMA_PTR(KK, MM, TT) \
+    (f = mma_kernel_ptr<T, KK, MM, TT>(), smem = MmaCfg<KK, MM, TT>::kBytes, 0)
+    [&]() -> int { KBIT_MMA_DISPATCH(KBIT_MMA_PTR) return 0; }();
+#undef KBIT_MMA_PTR
+    if (f == nullptr) return 0;
+    if (smem > 48 * 1024 && cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
+        return 0;
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, kMmaThreads, smem) != cudaSuccess) return 0;
+    return n;
 }
 
-// mb: x rows per CTA / 16 (1, 2, 4, 8). splits: K splits (>1 needs ws [splits, M, N] fp32 and
-// counters [ceil(M / 16mb) * n_tiles] int32, zero on entry; left zero on exit).
+}  // namespace
+
+// Resident CTAs per SM of the MMA kernel for (k, mb, tw), for sizing a one-wave grid; 0 on error.
+template <typename T>
+int mma_ctas_per_sm(int k, int mb, int tw) {
+    return mma_ctas_per_sm_impl<T>(k, mb, tw);
+}
+template int mma_ctas_per_sm<half>(int, int, int);
+template int mma_ctas_per_sm<__nv_bfloat16>(int, int, int);
+
+// mb: x rows per row tile / 16 (1, 2, 4); tw: 128-feature layout tiles per row tile (1, 2);
+// ctas: grid size, 1..units where units = ceil(M / 16mb) * ceil(n_tiles / tw) * ceil(nb / 2).
+// counters: ceil(M / 16mb) * ceil(n_tiles / tw) int32, zero on entry, left zero. ws: det == 0, a
+// zeroed fp32 accumulator of units / ceil(nb / 2) row tiles of 16mb x 128tw floats (left zero);
+// det != 0, 2 * ctas such row tiles (any contents).
 template <typename T>
 int launch_mma(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int k, int M,
-               int N, int nb, void* y, int mb, int splits, float* ws, int* counters, cudaStream_t s) {
+               int N, int nb, void* y, int mb, int tw, int ctas, int det, float* ws, int* counters, cudaStream_t s) {
     if (M == 0 || N <= 0) return 0;
-    if (nb <= 0 || splits < 1 || splits > 65535 || (splits > 1 && (ws == nullptr || counters == nullptr)))
+    if (nb <= 0 || M < 0 || ctas < 1 || ws == nullptr || counters == nullptr || (tw != 1 && tw != 2) ||
+        (mb != 1 && mb != 2 && mb != 4))
         return static_cast<int>(cudaErrorInvalidValue);
-    switch (k) {
-        case 2: return launch_mma_k<T, 2>(x, pt, at, cb, bias, M, N, nb, y, mb, splits, ws, counters, s);
-        case 3: return launch_mma_k<T, 3>(x, pt, at, cb, bias, M, N, nb, y, mb, splits, ws, counters, s);
-        case 4: return launch_mma_k<T, 4>(x, pt, at, cb, bias, M, N, nb, y, mb, splits, ws, counters, s);
-        case 5: return launch_mma_k<T, 5>(x, pt, at, cb, bias, M, N, nb, y, mb, splits, ws, counters, s);
-        default: return static_cast<int>(cudaErrorInvalidValue);
-    }
+    const long long n_rt = ((N + kTileN - 1) / kTileN + tw - 1) / tw;
+    const long long units = (M + 16LL * mb - 1) / (16LL * mb) * n_rt * ((nb + kMmaBK - 1) / kMmaBK);
+    if (ctas > units || units > (1LL << 30)) return static_cast<int>(cudaErrorInvalidValue);
+#define KBIT_MMA_LAUNCH(KK, MM, TT) \
+    launch_mma_kmt<T, KK, MM, TT>(x, pt, at, cb, bias, M, N, nb, y, ctas, det, ws, counters, s)
+    KBIT_MMA_DISPATCH(KBIT_MMA_LAUNCH)
+#undef KBIT_MMA_LAUNCH
+    return static_cast<int>(cudaErrorInvalidValue);
 }
 
+#undef KBIT_MMA_DISPATCH
+
 template int launch_mma<half>(const void*, const void*, const uint8_t*, const float*, const void*, int, int, int, int,
-                              void*, int, int, float*, int*, cudaStream_t);
+                              void*, int, int, int, int, float*, int*, cudaStream_t);
 template int launch_mma<__nv_bfloat16>(const void*, const void*, const uint8_t*, const float*, const void*, int, int,
-                                       int, int, void*, int, int, float*, int*, cudaStream_t);
+                                       int, int, void*, int, int, int, int, float*, int*, cudaStream_t);
 
 }  // namespace kbit

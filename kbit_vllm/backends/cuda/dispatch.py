@@ -15,8 +15,8 @@ DETERMINISTIC_ENV = "KBIT_VLLM_DETERMINISTIC"
 
 def deterministic() -> bool:
     """KBIT_VLLM_DETERMINISTIC=1: only kernels whose split-K sums run in a fixed order, so the
-    same input gives the same bits (the stream-K GEMVs and the grouped MMA's split-K otherwise add
-    their partials with float atomics)."""
+    same input gives the same bits (the stream-K GEMVs, the stream-K MMA and the grouped MMA's
+    split-K otherwise add their partials with float atomics)."""
     return os.environ.get(DETERMINISTIC_ENV, "0") not in ("", "0", "false", "False")
 
 # (major, minor) -> (gemv_max_m, mma_max_m)

@@ -119,15 +119,30 @@ def _scratch(device: torch.device, kind: str, numel: int) -> torch.Tensor:
     return t
 
 
-def mma_config(m: int, n: int, nb: int, sms: int) -> tuple[int, int]:
-    """(mb, splits): x rows per CTA / 16, and K splits so the grid covers ~2 waves of SMs."""
-    mb = 1 if m <= 16 else 2 if m <= 32 else 4 if m <= 64 else 8
-    tiles = ((n + 127) // 128) * ((m + 16 * mb - 1) // (16 * mb))
-    stages = (nb + 1) // 2
-    splits = 1
-    if tiles < 2 * sms:
-        splits = min((2 * sms + tiles - 1) // tiles, max(1, stages // 4), 64)
-    return mb, max(1, splits)
+MMA_MB = (1, 2, 4)  # x rows per row tile / 16 (csrc/kbit_mma.cu instantiations)
+MMA_TW = {1: 2, 2: 2, 4: 2}  # mb -> 128-feature layout tiles per row tile (1 or 2)
+_MMA_OCC: dict[tuple[int, int, int, int, str], int] = {}
+
+
+def mma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int,
+               tw: int | None = None) -> tuple[int, int, int, int]:
+    """(mb, tw, ctas, units) of the stream-K MMA: the smallest row tile that holds all M rows (up
+    to 64; more rows take several row tiles, each decoding the weights again), and one wave of
+    CTAs (resident per SM x SMs), never more than the (row tile, 2-block stage) units.
+
+    tw = 2 halves the x fragments each warp reads from shared memory per weight (8 warps all read
+    the whole x tile) at the cost of 2x the B registers; it is the default until measured."""
+    mb = next((b for b in MMA_MB if m <= 16 * b), MMA_MB[-1])
+    tw = tw or MMA_TW[mb]
+    key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, mb, tw, sfx)
+    if key not in _MMA_OCC:
+        _MMA_OCC[key] = int(getattr(LIB, f"kbit_vllm_mma_ctas_per_sm_{sfx}")(_i(k), _i(mb), _i(tw)))
+    occ = _MMA_OCC[key]
+    if occ <= 0:
+        raise RuntimeError(f"kbit MMA kernel (k={k}, mb={mb}, tw={tw}) cannot be resident on this GPU")
+    n_rt = -(-((n + 127) // 128) // tw)
+    units = -(-m // (16 * mb)) * n_rt * ((nb + 1) // 2)
+    return mb, tw, min(occ * _sms(dev), units), units
 
 
 def gemv_config(n: int, nb: int, sms: int, cluster: bool) -> tuple[int, int, int]:
@@ -177,6 +192,8 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
     Public so tests and benchmarks can exercise every path; kbit_linear picks the path itself.
     "gemv" is the stream-K table GEMV for k <= 4 where the layer has enough units (outside
     deterministic mode), else the cluster GEMV; "gemv_sk" and "gemv_cluster" name one of them.
+    "mma" is the stream-K tensor-core kernel with its default row-tile width; "mma_tw1" and
+    "mma_tw2" force 128 or 256 features per row tile.
     """
     m, in_f = x2.shape
     nb = in_f // 32
@@ -212,16 +229,21 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
             _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(bias), _i(k), _i(m),
             _i(out_features), _i(nb), _ptr(y), _i(rgpc), _i(wk), _i(splits), stream), "kbit_linear (gemv)")
         return y
-    if path != "mma":
+    if path not in ("mma", "mma_tw1", "mma_tw2"):
         raise ValueError(f"unknown kbit_linear path {path!r}")
-    mb, splits = mma_config(m, out_features, nb, _sms(dev))
-    ws = ctr = None
-    if splits > 1:
-        ws = _scratch(dev, "partials", splits * m * out_features)
-        ctr = _scratch(dev, "counters", ((out_features + 127) // 128) * ((m + 16 * mb - 1) // (16 * mb)))
+    mb, tw, ctas, units = mma_config(dev, sfx, k, m, out_features, nb, None if path == "mma" else int(path[-1]))
+    det = dispatch.deterministic()
+    row_tiles = units // ((nb + 1) // 2)
+    tile_floats = 16 * mb * 128 * tw
+    # Partial row tiles: a zeroed accumulator per row tile (left zeroed), or in deterministic
+    # mode a slot per (CTA, head / tail segment) that the last CTA sums in CTA order.
+    ws = (_scratch(dev, "partials", 2 * ctas * tile_floats) if det
+          else _scratch(dev, "accum", row_tiles * tile_floats))
+    ctr = _scratch(dev, "counters", row_tiles)
     check(getattr(LIB, f"kbit_vllm_mma_{sfx}")(
         _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(bias), _i(k), _i(m),
-        _i(out_features), _i(nb), _ptr(y), _i(mb), _i(splits), _ptr(ws), _ptr(ctr), stream), "kbit_linear (mma)")
+        _i(out_features), _i(nb), _ptr(y), _i(mb), _i(tw), _i(ctas), _i(int(det)), _ptr(ws), _ptr(ctr), stream),
+        "kbit_linear (mma)")
     return y
 
 
