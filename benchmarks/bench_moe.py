@@ -162,7 +162,8 @@ def bench_shape(scen: str, n_exp: int, topk: int, shape: str, in_f: int, out_f: 
             r = {k: v for k, v in b.items() if k not in ("x", "offs")}
             r["format"] = f
             rpe = dispatch.grouped_rows_per_expert(b["rows"], n_exp)
-            runs = [("gemv", "gemv", None)] if rpe <= 8 else []
+            gemv = "gemv" if f == "awq" else "gemv_sk"  # kbit: the stream-K GEMV itself
+            runs = [("gemv", gemv, None)] if rpe <= 8 else []
             runs += [("mma", "mma", None), ("op", None, None)]
             if f in SWEEP_BM:  # every MMA row tile, to place the dispatch thresholds
                 runs += [(f"mma_bm{bm}", "mma", bm) for bm in SWEEP_BM[f]]
@@ -204,7 +205,7 @@ def print_tables(rows: list[dict]) -> None:
             print(f"| {t} | {b['rows']} | {b['active']} | {b['max_rows']} | {fmt(b['fp16_bmm'])} | "
                   f"{fmt(b.get('grouped_mm_bf16'))} | " + " | ".join(ops_) + " | " + " | ".join(ratios)
                   + f" | {fmt(k4['floor']) if k4 else '-'} |")
-        print(f"\n#### {scen} {shape}: paths (gemv / mma / op)\n")
+        print(f"\n#### {scen} {shape}: paths (gemv (kbit: stream-K) / mma / op)\n")
         print("| tokens | " + " | ".join(fmts) + " |")
         print("|---" * (1 + len(fmts)) + "|")
         for t in sorted({r["tokens"] for r in sel}):
@@ -222,7 +223,7 @@ def print_sweep(rows: list[dict]) -> None:
         if not sel:
             continue
         print(f"\n### {f}: grouped GEMV and MMA per row tile (µs; rpe = rows / min(experts, rows))\n")
-        print("| scenario | shape | tokens | rpe | gemv | gemv slot | " + " | ".join(f"mma bm{b}" for b in bms)
+        print("| scenario | shape | tokens | rpe | gemv sk | gemv slot | " + " | ".join(f"mma bm{b}" for b in bms)
               + " | op |")
         print("|---" * (7 + len(bms)) + "|")
         for r in sel:

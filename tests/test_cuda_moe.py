@@ -4,8 +4,9 @@ Fresh random weights, activations and routing every run (uneven rows per expert,
 at the ends and in between, 1..1024 rows); every kernel path writes into a NaN-poisoned output.
 Skips cleanly without a CUDA GPU or a library built for it.
 
-Default mode sums some partials with float atomics (stream-K GEMV, grouped MMA split-K), so
-repeated calls may differ in the last bits; KBIT_VLLM_DETERMINISTIC=1 runs are checked bit for bit.
+Default mode sums the stream-K GEMV's partial tiles with float atomics, so repeated calls may
+differ in the last bits; the grouped MMA's split-K sums run in split order in every mode;
+KBIT_VLLM_DETERMINISTIC=1 runs are checked bit for bit.
 Error bounds as the dense tests: kbit (max-norm relative) 1e-2 fp16 / 2e-2 bf16 -- the grouped
 MMA rounds each weight to the activation dtype (the bf16 pair table rounds the codebook value
 once more, < 2^-8 relative), sums in fp32; awq 5e-3 fp16 / 3e-2 bf16 as test_cuda_awq.py.
@@ -101,7 +102,7 @@ def test_kbit_grouped_all_paths(k, dtype, in_f, out_f, n_exp, gen):
         offs = _offsets(n_exp, rows, gen)
         x = torch.randn(rows, in_f, device=DEV, dtype=dtype)
         want = _reference(x, w64, offs)
-        runs = [("gemv", None), ("gemv_slot", None)] + [("mma", bm) for bm in KBIT_BMS]
+        runs = [("gemv", None), ("gemv_sk", None), ("gemv_slot", None)] + [("mma", bm) for bm in KBIT_BMS]
         for path, bm in runs:
             y = cuda_ops.grouped_path(x, pt, at, cb, offs, k, out_f, path, bm=bm, out=_poisoned(rows, out_f, dtype))
             _check(y, want, KBIT_TOL[dtype], f"rows={rows} {path} bm={bm} offsets={offs.tolist()}")
@@ -120,7 +121,7 @@ def test_kbit_grouped_deterministic_mode(k, dtype, gen, monkeypatch):
         offs = _offsets(n_exp, rows, gen)
         x = torch.randn(rows, in_f, device=DEV, dtype=dtype)
         want = _reference(x, w64, offs)
-        for path, bm in [("gemv", None)] + [("mma", bm) for bm in KBIT_BMS]:
+        for path, bm in [("gemv", None), ("gemv_sk", None)] + [("mma", bm) for bm in KBIT_BMS]:
             first = cuda_ops.grouped_path(x, pt, at, cb, offs, k, out_f, path, bm=bm,
                                           out=_poisoned(rows, out_f, dtype))
             _check(first, want, KBIT_TOL[dtype], f"rows={rows} {path} bm={bm}")
@@ -137,7 +138,7 @@ def test_kbit_grouped_many_experts_int64_offsets_fp32(gen):
         offs = _offsets(n_exp, rows, gen)
         x = torch.randn(rows, in_f, device=DEV, dtype=torch.float16)
         want = _reference(x, w64, offs)
-        for path, bm in (("gemv", None), ("gemv_slot", None), ("mma", 16), ("mma", 128)):
+        for path, bm in (("gemv", None), ("gemv_sk", None), ("gemv_slot", None), ("mma", 16), ("mma", 128)):
             y = cuda_ops.grouped_path(x, pt, at, cb, offs, k, out_f, path, bm=bm,
                                       out=_poisoned(rows, out_f, x.dtype))
             _check(y, want, KBIT_TOL[x.dtype], f"rows={rows} {path} bm={bm}")

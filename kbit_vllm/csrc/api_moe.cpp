@@ -19,7 +19,7 @@ template <typename T>
 int grouped_gemv_sk_ctas_per_sm(int k, int mp);
 template <typename T>
 int launch_grouped_mma(const void* x, const void* pt, const uint8_t* at, const float* cb, const int* offs, void* y,
-                       int k, int n_exp, int rows, int N, int nb, int bm, int items, int splits, int det, float* ws,
+                       int k, int n_exp, int rows, int N, int nb, int bm, int items, int splits, float* ws,
                        int* counters, cudaStream_t s);
 }  // namespace kbit
 
@@ -53,9 +53,9 @@ extern "C" {
     }                                                                                                              \
     int kbit_vllm_grouped_mma_##SUFFIX(const void* x, const void* pt, const uint8_t* at, const float* cb,         \
                                        const int* offs, void* y, int k, int n_exp, int rows, int N, int nb, int bm, \
-                                       int items, int splits, int det, float* ws, int* counters, void* stream) {   \
-        return kbit::launch_grouped_mma<T>(x, pt, at, cb, offs, y, k, n_exp, rows, N, nb, bm, items, splits, det,  \
-                                           ws, counters, static_cast<cudaStream_t>(stream));                       \
+                                       int items, int splits, float* ws, int* counters, void* stream) {            \
+        return kbit::launch_grouped_mma<T>(x, pt, at, cb, offs, y, k, n_exp, rows, N, nb, bm, items, splits, ws,   \
+                                           counters, static_cast<cudaStream_t>(stream));                           \
     }                                                                                                              \
     int kbit_vllm_awq_grouped_gemv_##SUFFIX(const void* x, const int32_t* wq, const void* sz, const int* offs,    \
                                             void* y, int n_exp, int rows, int in, int out, int group, int slots,   \

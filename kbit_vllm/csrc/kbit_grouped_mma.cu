@@ -9,20 +9,22 @@
 // holding kMT m16 x kNT n8 fp32 accumulator tiles. BM <= 64: 1 x 8, each warp all rows x 16
 // features, so every weight is decoded once per CTA (the decode, not the MMA, bounds these
 // tiles); BM = 128: 2 x 4, each warp 64 rows x 32 features, halving the x fragments each warp
-// reads from shared memory (shared-memory bandwidth bounds this tile). A 4-stage cp.async pipeline brings per stage 2
-// quantization blocks (64 of K): the tile's plane words and absmax bytes (contiguous in the tiled
-// layout) and the x rows (XOR-swizzled 16-byte chunks, read with ldmatrix; rows past the
-// expert's end are zero-filled). Each thread decodes exactly its B fragments: lane % 4 is the
-// layout's group g. k = 2..4: each fragment register is one pair-table lookup (kbit_lut.cuh,
-// entries in the activation dtype) times the block scale (one 16-bit x2 multiply); k = 5: the
-// lane codebook shuffle as in kbit_mma.cu.
-// Split-K: the last CTA of a (work item, n-tile) (counter, atomicAdd) writes y and resets its
-// counter to 0. Default mode: every split adds its fp32 sums into a zeroed accumulator [rows, N]
-// with reductions in L2 (no waiting), and the last CTA reads each sum once and re-zeroes it; the
-// order of those additions varies, so the low bits of y may too. Deterministic mode
-// (KBIT_VLLM_DETERMINISTIC=1, backends/cuda/dispatch.py): partials go to workspace[split]
-// ([splits, rows, N]) and the last CTA sums them in split order, one batch of independent loads
-// per split (a load per split and value in series would cost ~splits x 64 L2 round trips).
+// reads from shared memory (shared-memory bandwidth bounds this tile). A 4- (bm16: 6-) stage
+// cp.async pipeline brings per stage 2 quantization blocks (64 of K): the tile's plane words and
+// absmax bytes (contiguous in the tiled layout) and the x rows (XOR-swizzled 16-byte chunks, read
+// with ldmatrix; rows past the expert's end are zero-filled). Each thread decodes exactly its B
+// fragments: lane % 4 is the layout's group g. k = 2..4: each fragment register is one
+// pair-table lookup (kbit_lut.cuh, entries in the activation dtype) times the block scale (one
+// 16-bit x2 multiply); k = 5: the lane codebook shuffle as in kbit_mma.cu.
+// Split-K: every split stores its fp32 partial tile into workspace[split] ([splits, rows, N], plain
+// 8-byte stores); the last CTA of a (work item, n-tile) (counter, atomicAdd) sums them in split
+// order (one batch of independent loads per split), writes y and resets its counter to 0. The sum
+// order is fixed, so y is bitwise reproducible in every mode. (Round 2 added the splits with
+// red.global.add into one zeroed accumulator: on H200 that cost ~25 us at 512 x 2048 outputs and
+// 2 splits, seed8 down T=64 bm64 41 us vs 17 us unsplit, while the awq grouped MMA's partials
+// showed no such step.)
+// Occupancy: BM <= 32 keeps 3 CTAs (24 warps) per SM, BM = 64 2 and BM = 128 1; bm16 uses 6
+// stages (its stages are small), so every SM has more weight bytes in flight.
 #include "kbit_sk.cuh"
 #include "mma_ptx.cuh"
 #include "moe_common.cuh"
@@ -32,7 +34,6 @@ namespace kbit {
 namespace {
 
 constexpr int kGmThreads = 256;
-constexpr int kGmStages = 4;
 constexpr int kGmBK = 2;  // quantization blocks per stage
 
 using ptx::cp_async16;
@@ -44,6 +45,8 @@ using ptx::smem_u32;
 
 template <int K, int BM>
 struct GmmaCfg {
+    static constexpr int kStages = BM <= 16 ? 6 : 4;
+    static constexpr int kMinCtas = BM <= 32 ? 3 : (BM <= 64 ? 2 : 1);  // resident CTAs per SM
     static constexpr int kWM = BM >= 128 ? 2 : 1;  // warps along M
     static constexpr int kWN = 8 / kWM;           // warps along N
     static constexpr int kMT = BM / kWM / 16;     // m16 tiles per warp
@@ -54,8 +57,9 @@ struct GmmaCfg {
     static constexpr int kABytes = BM * kGmBK * 32 * 2;  // per stage (16-bit x)
     static constexpr int kAbsBytes = kGmBK * kTileN;     // per stage
     static constexpr int kStageBytes = kBWords * 4 + kABytes + kAbsBytes;
-    static constexpr int kBytes = kLutBytes + kStageBytes * kGmStages;
+    static constexpr int kBytes = kLutBytes + kStageBytes * kStages;
     static_assert(kMT >= 1 && kNT >= 1 && kStageBytes % 16 == 0, "bad grouped MMA tile");
+    static_assert(kMinCtas * (kBytes + 1024) <= 228 * 1024, "kMinCtas CTAs must fit one SM's shared memory");
 };
 
 // Product of two registers of two 16-bit values each (round to nearest).
@@ -72,23 +76,30 @@ __device__ __forceinline__ uint32_t mul2<__nv_bfloat16>(uint32_t a, uint32_t b) 
     return *reinterpret_cast<const uint32_t*>(&r);
 }
 
-// Add (a, b) into dst[0], dst[1] (b only if has_b) in L2 without waiting; pair: one 8-byte reduction.
-__device__ __forceinline__ void red_add_pair(float* dst, bool pair, float a, float b, bool has_b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (pair) {
-        asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst), "f"(a), "f"(b) : "memory");
+// fp32 pair (a, b) at features c, c + 1 of a row (b only if c + 1 < N): one 8-byte store when
+// pairs (N even, so c even is 8-byte aligned in an aligned buffer).
+__device__ __forceinline__ void st_pair(float* dst, bool pairs, int c, int N, float a, float b) {
+    if (c >= N) return;
+    if (pairs) {
+        *reinterpret_cast<float2*>(dst) = make_float2(a, b);
         return;
     }
-#endif
-    atomicAdd(dst, a);
-    if (has_b) atomicAdd(dst + 1, b);
+    dst[0] = a;
+    if (c + 1 < N) dst[1] = b;
+}
+
+// The pair st_pair stored, read past L1 (another CTA wrote it); zeros outside the row.
+__device__ __forceinline__ float2 ld_pair(const float* src, bool pairs, int c, int N) {
+    if (c >= N) return make_float2(0.f, 0.f);
+    if (pairs) return __ldcg(reinterpret_cast<const float2*>(src));
+    return make_float2(__ldcg(src), c + 1 < N ? __ldcg(src + 1) : 0.f);
 }
 
 template <typename T, int K, int BM>
-__global__ void __launch_bounds__(kGmThreads, BM >= 128 ? 1 : 2) grouped_mma_kernel(
+__global__ void __launch_bounds__(kGmThreads, GmmaCfg<K, BM>::kMinCtas) grouped_mma_kernel(
     const T* __restrict__ x, const uint32_t* __restrict__ packed_t, const uint8_t* __restrict__ absmax_t,
     const float* __restrict__ codebook, const int* __restrict__ offs, T* __restrict__ y, int n_exp, int rows, int N,
-    int nb, int splits, int det, float* __restrict__ ws, int* __restrict__ counters) {
+    int nb, int splits, float* __restrict__ ws, int* __restrict__ counters) {
     using S = GmmaCfg<K, BM>;
     extern __shared__ __align__(16) unsigned char smem_gmma[];
     moe::Item it;
@@ -144,7 +155,7 @@ __global__ void __launch_bounds__(kGmThreads, BM >= 128 ? 1 : 2) grouped_mma_ker
             for (int q = 0; q < 4; ++q) acc[i][s][q] = 0.f;
 
 #pragma unroll
-    for (int s = 0; s < kGmStages - 1; ++s) {
+    for (int s = 0; s < S::kStages - 1; ++s) {
         if (st0 + s < st1) load_stage(st0 + s, s);
         cp_async_commit();
     }
@@ -160,14 +171,14 @@ __global__ void __launch_bounds__(kGmThreads, BM >= 128 ? 1 : 2) grouped_mma_ker
 
     for (int st = st0; st < st1; ++st) {
         const int itn = st - st0;
-        cp_async_wait<kGmStages - 2>();
+        cp_async_wait<S::kStages - 2>();
         __syncthreads();
         {
-            const int nxt = st + kGmStages - 1;
-            if (nxt < st1) load_stage(nxt, (itn + kGmStages - 1) % kGmStages);
+            const int nxt = st + S::kStages - 1;
+            if (nxt < st1) load_stage(nxt, (itn + S::kStages - 1) % S::kStages);
             cp_async_commit();
         }
-        const unsigned char* base = stages + (itn % kGmStages) * S::kStageBytes;
+        const unsigned char* base = stages + (itn % S::kStages) * S::kStageBytes;
         const uint32_t* b_s = reinterpret_cast<const uint32_t*>(base);
         const uint32_t a_base = smem_u32(base + S::kBWords * 4);
         const uint8_t* abs_s = base + S::kBWords * 4 + S::kABytes;
@@ -215,30 +226,19 @@ __global__ void __launch_bounds__(kGmThreads, BM >= 128 ? 1 : 2) grouped_mma_ker
     // feature tile*128 + 8(wn*kNT + s) + 2g + (q&1).
     const int rbase = m0 + wm * S::kMT * 16 + (lane >> 2);
     const int cbase = tile * kTileN + wn * S::kNT * 8 + 2 * g;
+    const bool pairs = !(N & 1);
     if (splits > 1) {
-        if (det) {
-            float* wsp = ws + static_cast<size_t>(split) * rows * N;
+        float* wsp = ws + static_cast<size_t>(split) * rows * N;
 #pragma unroll
-            for (int i = 0; i < S::kMT; ++i)
+        for (int i = 0; i < S::kMT; ++i)
 #pragma unroll
-                for (int s = 0; s < S::kNT; ++s)
+            for (int s = 0; s < S::kNT; ++s)
 #pragma unroll
-                    for (int q = 0; q < 4; ++q) {
-                        const int r = rbase + 16 * i + 8 * (q >> 1), c = cbase + 8 * s + (q & 1);
-                        if (r < m1 && c < N) wsp[static_cast<size_t>(r) * N + c] = acc[i][s][q];
-                    }
-        } else {
-#pragma unroll
-            for (int i = 0; i < S::kMT; ++i)
-#pragma unroll
-                for (int s = 0; s < S::kNT; ++s)
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const int r = rbase + 16 * i + 8 * h, c = cbase + 8 * s;
-                        if (r < m1 && c < N) red_add_pair(ws + static_cast<size_t>(r) * N + c, c + 1 < N && !(N & 1),
-                                                          acc[i][s][2 * h], acc[i][s][2 * h + 1], c + 1 < N);
-                    }
-        }
+                for (int h = 0; h < 2; ++h) {
+                    const int r = rbase + 16 * i + 8 * h, c = cbase + 8 * s;
+                    if (r < m1) st_pair(wsp + static_cast<size_t>(r) * N + c, pairs, c, N, acc[i][s][2 * h],
+                                        acc[i][s][2 * h + 1]);
+                }
         __threadfence();
         __syncthreads();
         __shared__ int last;
@@ -247,61 +247,61 @@ __global__ void __launch_bounds__(kGmThreads, BM >= 128 ? 1 : 2) grouped_mma_ker
         __syncthreads();
         if (!last) return;
         __threadfence();
-        if (det) {
-            float own[S::kMT][S::kNT][4];
+        float own[S::kMT][S::kNT][4];
+#pragma unroll
+        for (int i = 0; i < S::kMT; ++i)
+#pragma unroll
+            for (int s = 0; s < S::kNT; ++s)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    own[i][s][q] = acc[i][s][q];
+                    acc[i][s][q] = 0.f;
+                }
+        for (int z = 0; z < splits; ++z) {  // fixed order; each split's loads are independent
+            const float* src = ws + static_cast<size_t>(z) * rows * N;
 #pragma unroll
             for (int i = 0; i < S::kMT; ++i)
 #pragma unroll
                 for (int s = 0; s < S::kNT; ++s)
 #pragma unroll
-                    for (int q = 0; q < 4; ++q) {
-                        own[i][s][q] = acc[i][s][q];
-                        acc[i][s][q] = 0.f;
-                    }
-            for (int z = 0; z < splits; ++z) {  // fixed order; each split's loads are independent
-                const float* src = ws + static_cast<size_t>(z) * rows * N;
-#pragma unroll
-                for (int i = 0; i < S::kMT; ++i)
-#pragma unroll
-                    for (int s = 0; s < S::kNT; ++s)
-#pragma unroll
-                        for (int q = 0; q < 4; ++q) {
-                            const int r = rbase + 16 * i + 8 * (q >> 1), c = cbase + 8 * s + (q & 1);
-                            if (r < m1 && c < N)
-                                acc[i][s][q] += z == split ? own[i][s][q] : __ldcg(src + static_cast<size_t>(r) * N + c);
-                        }
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < S::kMT; ++i)
-#pragma unroll
-                for (int s = 0; s < S::kNT; ++s)
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) {
-                        const int r = rbase + 16 * i + 8 * (q >> 1), c = cbase + 8 * s + (q & 1);
-                        if (r < m1 && c < N) {
-                            float* src = ws + static_cast<size_t>(r) * N + c;
-                            acc[i][s][q] = __ldcg(src);
-                            __stcg(src, 0.f);
+                    for (int h = 0; h < 2; ++h) {
+                        const int r = rbase + 16 * i + 8 * h, c = cbase + 8 * s;
+                        if (r < m1) {
+                            float2 v;
+                            if (z == split) {
+                                v = make_float2(own[i][s][2 * h], own[i][s][2 * h + 1]);
+                            } else {
+                                v = ld_pair(src + static_cast<size_t>(r) * N + c, pairs, c, N);
+                            }
+                            acc[i][s][2 * h] += v.x;
+                            acc[i][s][2 * h + 1] += v.y;
                         }
                     }
         }
         if (tid == 0) *ctr = 0;
     }
+    const bool ypairs = pairs && (reinterpret_cast<uintptr_t>(y) & 3) == 0;
 #pragma unroll
     for (int i = 0; i < S::kMT; ++i)
 #pragma unroll
         for (int s = 0; s < S::kNT; ++s)
 #pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                const int r = rbase + 16 * i + 8 * (q >> 1), c = cbase + 8 * s + (q & 1);
-                if (r < m1 && c < N) y[static_cast<size_t>(r) * N + c] = from_float<T>(acc[i][s][q]);
+            for (int h = 0; h < 2; ++h) {
+                const int r = rbase + 16 * i + 8 * h, c = cbase + 8 * s;
+                if (r >= m1 || c >= N) continue;
+                T* dst = y + static_cast<size_t>(r) * N + c;
+                if (ypairs) {
+                    *reinterpret_cast<uint32_t*>(dst) = pack2<T>(acc[i][s][2 * h], acc[i][s][2 * h + 1]);
+                } else {
+                    dst[0] = from_float<T>(acc[i][s][2 * h]);
+                    if (c + 1 < N) dst[1] = from_float<T>(acc[i][s][2 * h + 1]);
+                }
             }
 }
 
 template <typename T, int K, int BM>
 int launch_grouped_mma_kbm(const void* x, const void* pt, const uint8_t* at, const float* cb, const int* offs, void* y,
-                           int n_exp, int rows, int N, int nb, int items, int splits, int det, float* ws,
+                           int n_exp, int rows, int N, int nb, int items, int splits, float* ws,
                            int* counters, cudaStream_t stream) {
     using S = GmmaCfg<K, BM>;
     auto kern = grouped_mma_kernel<T, K, BM>;
@@ -312,19 +312,19 @@ int launch_grouped_mma_kbm(const void* x, const void* pt, const uint8_t* at, con
     const dim3 grid(static_cast<unsigned>((N + kTileN - 1) / kTileN), static_cast<unsigned>(items),
                     static_cast<unsigned>(splits));
     kern<<<grid, kGmThreads, S::kBytes, stream>>>(static_cast<const T*>(x), static_cast<const uint32_t*>(pt), at, cb,
-                                                   offs, static_cast<T*>(y), n_exp, rows, N, nb, splits, det, ws, counters);
+                                                   offs, static_cast<T*>(y), n_exp, rows, N, nb, splits, ws, counters);
     KBIT_RETURN_LAUNCH_STATUS();
 }
 
 template <typename T, int K>
 int launch_grouped_mma_k(const void* x, const void* pt, const uint8_t* at, const float* cb, const int* offs, void* y,
-                         int n_exp, int rows, int N, int nb, int bm, int items, int splits, int det, float* ws,
+                         int n_exp, int rows, int N, int nb, int bm, int items, int splits, float* ws,
                          int* counters, cudaStream_t s) {
     switch (bm) {
-        case 16: return launch_grouped_mma_kbm<T, K, 16>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, items, splits, det, ws, counters, s);
-        case 32: return launch_grouped_mma_kbm<T, K, 32>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, items, splits, det, ws, counters, s);
-        case 64: return launch_grouped_mma_kbm<T, K, 64>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, items, splits, det, ws, counters, s);
-        case 128: return launch_grouped_mma_kbm<T, K, 128>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, items, splits, det, ws, counters, s);
+        case 16: return launch_grouped_mma_kbm<T, K, 16>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, items, splits, ws, counters, s);
+        case 32: return launch_grouped_mma_kbm<T, K, 32>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, items, splits, ws, counters, s);
+        case 64: return launch_grouped_mma_kbm<T, K, 64>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, items, splits, ws, counters, s);
+        case 128: return launch_grouped_mma_kbm<T, K, 128>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, items, splits, ws, counters, s);
         default: return static_cast<int>(cudaErrorInvalidValue);
     }
 }
@@ -333,29 +333,29 @@ int launch_grouped_mma_k(const void* x, const void* pt, const uint8_t* at, const
 
 // bm: x rows per CTA tile (16, 32, 64, 128). items: grid rows, an upper bound on the number of
 // (expert, bm-row tile) items: (rows + min(n_exp, rows) * (bm - 1)) / bm. splits: K splits; > 1
-// needs counters [items * n_tiles] int32 (zero on entry, left zero) and ws: det != 0, the fp32
-// partials [splits, rows, N] (any contents); det == 0, a zeroed fp32 accumulator [rows, N] (left zero).
+// needs counters [items * n_tiles] int32 (zero on entry, left zero) and ws, the fp32 partials
+// [splits, rows, N] (any contents).
 template <typename T>
 int launch_grouped_mma(const void* x, const void* pt, const uint8_t* at, const float* cb, const int* offs, void* y,
-                       int k, int n_exp, int rows, int N, int nb, int bm, int items, int splits, int det, float* ws,
+                       int k, int n_exp, int rows, int N, int nb, int bm, int items, int splits, float* ws,
                        int* counters, cudaStream_t s) {
     if (rows <= 0 || N <= 0) return 0;
     if (nb <= 0 || n_exp <= 0 || items < 1 || items > 65535 || splits < 1 || splits > 65535 ||
         (splits > 1 && (ws == nullptr || counters == nullptr)))
         return static_cast<int>(cudaErrorInvalidValue);
     switch (k) {
-        case 2: return launch_grouped_mma_k<T, 2>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, bm, items, splits, det, ws, counters, s);
-        case 3: return launch_grouped_mma_k<T, 3>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, bm, items, splits, det, ws, counters, s);
-        case 4: return launch_grouped_mma_k<T, 4>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, bm, items, splits, det, ws, counters, s);
-        case 5: return launch_grouped_mma_k<T, 5>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, bm, items, splits, det, ws, counters, s);
+        case 2: return launch_grouped_mma_k<T, 2>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, bm, items, splits, ws, counters, s);
+        case 3: return launch_grouped_mma_k<T, 3>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, bm, items, splits, ws, counters, s);
+        case 4: return launch_grouped_mma_k<T, 4>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, bm, items, splits, ws, counters, s);
+        case 5: return launch_grouped_mma_k<T, 5>(x, pt, at, cb, offs, y, n_exp, rows, N, nb, bm, items, splits, ws, counters, s);
         default: return static_cast<int>(cudaErrorInvalidValue);
     }
 }
 
 template int launch_grouped_mma<half>(const void*, const void*, const uint8_t*, const float*, const int*, void*, int,
-                                      int, int, int, int, int, int, int, int, float*, int*, cudaStream_t);
+                                      int, int, int, int, int, int, int, float*, int*, cudaStream_t);
 template int launch_grouped_mma<__nv_bfloat16>(const void*, const void*, const uint8_t*, const float*, const int*,
-                                               void*, int, int, int, int, int, int, int, int, int, float*, int*,
+                                               void*, int, int, int, int, int, int, int, int, float*, int*,
                                                cudaStream_t);
 
 }  // namespace kbit

@@ -115,8 +115,21 @@ def awq_linear(x, wq, sz, bias, group_size, out_features):
 # expert, tile) entries; more rows take 64). H200, bench_moe.py per-tile table (.device/6): GEMV
 # best to 4 rows per expert (seed8 T=8: mma bm16 11.7 vs gemv 16.3 us); bm16 to 8 rows, bm32 at 16
 # (qwen128 T=256: 98 vs 139 / 151 us), bm64 from 32 (qwen128 T=512: 151 vs 156, 134 vs 137 us).
-GROUPED_GEMV_MAX = {90: 4}
+# H200 round 2 (.device/9): the slot GEMV loses at 4 rows per expert when many experts have rows
+# (qwen128 T=64, 512 rows over 126 experts: gemv 137 / 151 us vs mma bm16 79 / 86, gate / down)
+# and wins there with few (seed8 T=4, 32 rows: 9.9 / 9.7 vs 11.5 / 10.2), so up to 2 rows per
+# expert always take the GEMV, 3..4 only within 64 rows in all (GROUPED_GEMV_FEW).
+GROUPED_GEMV_MAX = {90: 2}
+GROUPED_GEMV_FEW = {90: (4, 64)}  # (rows per expert, total rows) still served by the GEMV
 GROUPED_BM = {90: ((8, 16), (16, 32))}
+
+
+def grouped_gemv_ok(rows: int, n_exp: int, cc: int = 90) -> bool:
+    """Whether awq_grouped_linear takes the slot GEMV (else the grouped MMA): few rows per expert,
+    since each expert's rows go in passes that re-read its weights."""
+    per = dispatch.grouped_rows_per_expert(rows, n_exp)
+    few_per, few_rows = GROUPED_GEMV_FEW.get(cc, GROUPED_GEMV_FEW[90])
+    return per <= GROUPED_GEMV_MAX.get(cc, GROUPED_GEMV_MAX[90]) or (per <= few_per and rows <= few_rows)
 
 
 def grouped_mma_config(rows: int, n_exp: int, in_f: int, out_f: int, sms: int,
@@ -182,7 +195,6 @@ def awq_grouped_linear(x, wq, sz, expert_offsets, group_size, out_features):
         x2 = x2.clone()
     rows, n_exp = x2.shape[0], wq.shape[0]
     cap = torch.cuda.get_device_capability(x.device)
-    gemv_max = GROUPED_GEMV_MAX.get(cap[0] * 10 + cap[1], GROUPED_GEMV_MAX[90])
-    path = "gemv" if dispatch.grouped_rows_per_expert(rows, n_exp) <= gemv_max else "mma"
+    path = "gemv" if grouped_gemv_ok(rows, n_exp, cap[0] * 10 + cap[1]) else "mma"
     return grouped_path(x2, wq.contiguous(), sz.contiguous(), expert_offsets.to(torch.int32).contiguous(),
                         group_size, out_features, path)

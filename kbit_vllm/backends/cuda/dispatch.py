@@ -49,10 +49,10 @@ def choose_path(m: int, capability: tuple[int, int]) -> str:
 # active expert, ceil(rows / min(experts, rows)), from host-known shapes. GROUPED_GEMV_MAX: the
 # largest expected rows per expert served by the grouped GEMV (stream-K, passes of up to 4 rows);
 # more go to the grouped MMA. GROUPED_BM: the MMA row tile, the first (largest expected rows per
-# expert, tile) entry that covers the rows, else 128.
+# expert, tile) entry that covers the rows, else GROUPED_BM_LARGEST.
 # H200, benchmarks/bench_moe.py (first run, .device/6): the old slot GEMV lost to the MMA at 4
 # rows per expert over 128 experts (qwen128 T=64) and won at 1..4 over 8; the MMA tiles above 16
-# were slowed by a serial split-K epilogue, since rewritten (batched / L2 reductions), and bm <= 64
+# were slowed by a serial split-K epilogue, since rewritten (batched partial sums), and bm <= 64
 # now decodes each weight once per CTA. Where they were not, bm32 beat bm16 at 16 rows per expert
 # (qwen128 T=256: 113 vs 131 us). Tiles are >= ~1.5x the expected rows, so most experts (whose
 # rows scatter around the mean) take one tile and decode their weights once; to be re-placed
@@ -61,10 +61,32 @@ GROUPED_GEMV_MAX: dict[tuple[int, int], int] = {
     (9, 0): 4,
 }
 GROUPED_DEFAULT = 4
+# H200 (.device/9, round 2): bm128 lost to bm64 wherever neither split K (256..1024 rows per
+# expert: seed8 T=1024 gate 104 vs 101 us, down 145 vs 138; qwen128 T=1024, 64 per expert: gate
+# 276 vs 221, down 316 vs 243), so more rows take bm64; bm128 stays reachable for the sweep. The
+# split-K sums are now plain partial stores (the L2 reductions cost bm64 41 vs 17 us at seed8 down
+# T=64), which moves the split tiles' numbers; to be re-placed from the next run's per-tile table.
 GROUPED_BM: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {
-    (9, 0): ((8, 16), (20, 32), (40, 64)),
+    (9, 0): ((8, 16), (20, 32)),
 }
-GROUPED_BM_DEFAULT = ((8, 16), (20, 32), (40, 64))
+GROUPED_BM_DEFAULT = ((8, 16), (20, 32))
+GROUPED_BM_LARGEST = 64  # tile for rows per expert past the table
+# The slot GEMV (one CTA column per active-expert slot, no prologue) beats the stream-K GEMV when
+# little weight is read: H200 (.device/9) seed8 T=1..4 (8 experts x 2048 tile-blocks of 128 x 32
+# weights) 6.7 / 7.5 / 8.9 vs 8.6 / 8.8 / 11.4 us (gate), qwen128 T=1 (8 x 384) 8.2 vs 9.6;
+# qwen128 T=2 (16 slots, 6144) split (gate 12.9 vs 11.5, down 10.7 vs 11.7). Entry: the most
+# slots x n-tiles x K blocks (an upper bound on the tile-blocks read) that take the slot GEMV.
+GROUPED_SLOT_MAX_UNITS: dict[tuple[int, int], int] = {
+    (9, 0): 4096,
+}
+GROUPED_SLOT_MAX_UNITS_DEFAULT = 4096
+
+
+def grouped_slot_gemv(slots: int, n_tiles: int, nb: int, capability: tuple[int, int]) -> bool:
+    """Whether the GEMV path takes the slot GEMV over stream-K: few slots x tiles x blocks, where the
+    stream-K prologue (item count, wide table) costs more than its load balance gains."""
+    limit = GROUPED_SLOT_MAX_UNITS.get(capability, GROUPED_SLOT_MAX_UNITS_DEFAULT)
+    return slots * n_tiles * nb <= limit
 
 
 def grouped_rows_per_expert(rows: int, n_exp: int) -> int:
@@ -89,4 +111,4 @@ def pick_bm(rows_per_expert: int, table: tuple[tuple[int, int], ...], largest: i
 
 def grouped_bm(rows_per_expert: int, capability: tuple[int, int] = (9, 0)) -> int:
     """Row tile (16, 32, 64, 128) of the kbit grouped MMA for the expected rows per expert."""
-    return pick_bm(rows_per_expert, GROUPED_BM.get(capability, GROUPED_BM_DEFAULT), 128)
+    return pick_bm(rows_per_expert, GROUPED_BM.get(capability, GROUPED_BM_DEFAULT), GROUPED_BM_LARGEST)

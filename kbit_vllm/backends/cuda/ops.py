@@ -303,16 +303,20 @@ def grouped_gemv_sk_config(dev: torch.device, sfx: str, k: int, rows: int, n_exp
     return mp, max_items, max(1, min(_GSK_OCC[key] * _sms(dev), -(-units // (GSK_WARPS * GSK_MIN_UNITS))))
 
 
+GMMA_CTAS_PER_SM = {16: 3, 32: 3, 64: 2, 128: 1}  # resident CTAs per SM (csrc/kbit_grouped_mma.cu kMinCtas)
+
+
 def grouped_mma_config(rows: int, n_exp: int, n: int, nb: int, sms: int, bm: int | None = None,
                        capability: tuple[int, int] = (9, 0)) -> tuple[int, int, int]:
     """(bm, items, splits) for the grouped MMA: the row tile, the grid's work-item bound and the
-    K splits that bring the expected CTAs to ~2 per SM (1 for bm=128, which fills an SM)."""
+    K splits that bring the expected CTAs to about one wave of resident CTAs (split only when the
+    unsplit grid fills under half of it: each split adds a partial-sum pass)."""
     active = max(1, min(n_exp, rows))
     per = dispatch.grouped_rows_per_expert(rows, n_exp)
     bm = bm or dispatch.grouped_bm(per, capability)
     items = (rows + active * (bm - 1)) // bm  # sum over experts of ceil(rows_e / bm), at most
     tiles = active * -(-per // bm) * ((n + 127) // 128)
-    target = (1 if bm >= 128 else 2) * sms
+    target = GMMA_CTAS_PER_SM.get(bm, 1) * sms
     stages = (nb + 1) // 2
     splits = 1
     if 2 * tiles <= target:  # a nearly full wave is better than split-K's extra pass
@@ -326,9 +330,11 @@ def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
     """y [rows, out] for a contiguous 2-D fp16/bf16 x (rows sorted by expert) through one kernel.
 
     offsets: int32 [E + 1] on the device. Paths: "gemv" is the stream-K GEMV over the active
-    experts (k <= 4, outside deterministic mode), else the slot GEMV, which "gemv_slot" names
-    directly; "mma" the grouped MMA (row tile bm, default by the expected rows per expert). Public
-    so tests and benchmarks can run every path; out, if given, receives the result (tests poison it).
+    experts (k <= 4, outside deterministic mode) unless few experts' weights are read
+    (dispatch.grouped_slot_gemv), else the slot GEMV; "gemv_sk" / "gemv_slot" name one of them
+    (gemv_sk falls back as gemv does where stream-K is not usable); "mma" the grouped MMA (row tile
+    bm, default by the expected rows per expert). Public so tests and benchmarks can run every
+    path; out, if given, receives the result (tests poison it).
     """
     rows, in_f = x2.shape
     nb = in_f // 32
@@ -341,9 +347,10 @@ def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
     slots = min(n_exp, rows)
     stream = _stream(dev)
     n_tiles = (out_features + 127) // 128
-    if path == "gemv" and not dispatch.deterministic():
+    if path in ("gemv", "gemv_sk") and not dispatch.deterministic():
         mp, max_items, ctas = grouped_gemv_sk_config(dev, sfx, k, rows, n_exp, out_features, nb)
-        if ctas > 0:
+        if ctas > 0 and (path == "gemv_sk" or not dispatch.grouped_slot_gemv(
+                slots, n_tiles, nb, torch.cuda.get_device_capability(dev))):
             acc = _scratch(dev, "accum", max_items * n_tiles * 128 * mp)
             ctr = _scratch(dev, "counters", max_items * n_tiles)
             check(getattr(LIB, f"kbit_vllm_grouped_gemv_sk_{sfx}")(
@@ -351,7 +358,7 @@ def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
                 _i(n_exp), _i(rows), _i(out_features), _i(nb), _i(mp), _i(max_items), _i(ctas), _ptr(acc),
                 _ptr(ctr), stream), "kbit_grouped_linear (gemv)")
             return y
-    if path in ("gemv", "gemv_slot"):
+    if path in ("gemv", "gemv_sk", "gemv_slot"):
         rgpc, wk = grouped_gemv_config(out_features, nb, slots, _sms(dev))
         check(getattr(LIB, f"kbit_vllm_grouped_gemv_{sfx}")(
             _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(offsets), _ptr(y), _i(k),
@@ -362,16 +369,14 @@ def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
         raise ValueError(f"unknown kbit_grouped_linear path {path!r}")
     bm, items, splits = grouped_mma_config(rows, n_exp, out_features, nb, _sms(dev), bm,
                                            torch.cuda.get_device_capability(dev))
-    det = dispatch.deterministic()
     ws = ctr = None
-    if splits > 1:
-        ws = (_scratch(dev, "partials", splits * rows * out_features) if det
-              else _scratch(dev, "accum", rows * out_features))
+    if splits > 1:  # per-split fp32 partials, summed in split order (deterministic in every mode)
+        ws = _scratch(dev, "partials", splits * rows * out_features)
         ctr = _scratch(dev, "counters", items * n_tiles)
     check(getattr(LIB, f"kbit_vllm_grouped_mma_{sfx}")(
         _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(offsets), _ptr(y), _i(k), _i(n_exp),
-        _i(rows), _i(out_features), _i(nb), _i(bm), _i(items), _i(splits), _i(int(det)), _ptr(ws), _ptr(ctr),
-        stream), "kbit_grouped_linear (mma)")
+        _i(rows), _i(out_features), _i(nb), _i(bm), _i(items), _i(splits), _ptr(ws), _ptr(ctr), stream),
+        "kbit_grouped_linear (mma)")
     return y
 
 
