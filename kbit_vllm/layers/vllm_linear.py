@@ -205,7 +205,7 @@ class KbitLinearMethod(_KbitLinearBase):
         if tuple(loaded_weight.shape) != (n,):
             raise ValueError(f"kbit: checkpoint tensor {self.prefix}.codebook must be [{n}] for bits={self.bits}, "
                              f"got {list(loaded_weight.shape)}")
-        cb = loaded_weight.to(torch.float32)
+        cb = loaded_weight.to(device=param.device, dtype=torch.float32)
         if getattr(param, "_kbit_loaded", False) and not torch.equal(param.data, cb):
             raise ValueError(f"kbit: layer {self.prefix} fuses several checkpoint layers with different "
                              "codebooks; vLLM runs them as one layer, so they must share one codebook")
