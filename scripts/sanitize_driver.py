@@ -64,6 +64,13 @@ def kbit(dtype: torch.dtype) -> None:
     check(f"kbit_linear gemv k=5 out=200 {dtype}", cops.linear_path(x, pt5, at5, normal_float_codebook(5, DEV), None, 5,
                                                                      200, "gemv"),
           ref.kbit_linear(x.float(), pt5, at5, normal_float_codebook(5, DEV), None, 5, 200))
+    # MMA without split-K: 4 blocks of K only
+    p5, a5 = ops.kbit_quantize(w[:200, :128].to(dtype), normal_float_codebook(5, DEV), 5)
+    pt5, at5 = ops.kbit_repack(p5, a5, 5)
+    x = torch.randn(16, 128, generator=g).to(dtype).to(DEV)
+    check(f"kbit_linear mma k=5 in=128 {dtype}", cops.linear_path(x, pt5, at5, normal_float_codebook(5, DEV), None, 5,
+                                                                   200, "mma"),
+          ref.kbit_linear(x.float(), pt5, at5, normal_float_codebook(5, DEV), None, 5, 200))
 
 
 def grouped(dtype: torch.dtype) -> None:
