@@ -1,7 +1,8 @@
 """Registers each device's implementation of the kbit_vllm:: ops.
 
 CPU: the PyTorch reference, with PyTorch's fused int4 matmul for AWQ. CUDA: the compiled
-library's kernels where they exist and the library serves this GPU; the reference otherwise.
+library's kernels where they exist and the library serves this GPU; the reference otherwise,
+after one warning (an error under KBIT_VLLM_STRICT=1, see cuda/library.py).
 awq_orin keeps its own CUDA resident layout (cuda/awq_ops.py) on every GPU, so its CUDA ops
 always go through awq_ops, which falls back to PyTorch math on that layout.
 """
@@ -44,7 +45,7 @@ def _cuda_dispatch(name: str):
 
     def impl(*args):
         dev = next(a.device for a in args if isinstance(a, torch.Tensor))
-        if library.device_supported(dev.index if dev.index is not None else torch.cuda.current_device())[0]:
+        if library.kernels_usable(dev.index):  # warns once (or raises in strict mode) if not
             return kernel(*args)
         return fallback(*args)
 
@@ -61,7 +62,7 @@ def register() -> None:
         _LIB.impl(name, cpu_impl or getattr(ref, name), "CPU")
         if name in _CUDA_AWQ_OPS:
             cuda_impl = getattr(awq_ops, name)
-        elif name in _CUDA_KERNEL_OPS and library.LIB is not None:
+        elif name in _CUDA_KERNEL_OPS:
             cuda_impl = _cuda_dispatch(name)
         else:
             cuda_impl = getattr(ref, name)

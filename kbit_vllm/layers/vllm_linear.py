@@ -44,16 +44,39 @@ def _set_param(layer: torch.nn.Module, name: str, tensor: torch.Tensor) -> None:
     layer.register_parameter(name, Parameter(tensor, requires_grad=False))
 
 
-def _checked_loader(prefix: str, name: str, loader: Callable, dtypes: tuple[torch.dtype, ...],
-                    in_cols: int | None, in_desc: str) -> Callable:
-    """Wrap a vLLM weight loader so a wrong checkpoint tensor raises an error naming the layer.
+_QKV_INDEX = {"q": 0, "k": 1, "v": 2}
 
-    vLLM's own loaders only `assert` shapes; a user loading a checkpoint written with other
-    bits or a mismatched model would otherwise read a bare AssertionError.
+
+def checkpoint_name(prefix: str, name: str, shard: Any, mapping: dict[str, list[str]] | None) -> str:
+    """The checkpoint tensor a (layer, parameter, shard) comes from: `...qkv_proj` shard "k" of a
+    Llama is `...k_proj.<name>`; without a mapping, the fused name and the shard id."""
+    if shard is None:
+        return f"{prefix}.{name}"
+    head, _, last = prefix.rpartition(".")
+    shards = (mapping or {}).get(last)
+    idx = _QKV_INDEX.get(shard, shard) if isinstance(shard, str) else shard
+    if shards and isinstance(idx, int) and 0 <= idx < len(shards):
+        return f"{head}.{shards[idx]}.{name}" if head else f"{shards[idx]}.{name}"
+    return f"{prefix}.{name} (shard {shard!r})"
+
+
+def _shard_of(args: tuple, kwargs: dict[str, Any]) -> Any:
+    return args[0] if args else kwargs.get("loaded_shard_id", kwargs.get("shard_id"))
+
+
+def _checked_loader(prefix: str, name: str, loader: Callable, dtypes: tuple[torch.dtype, ...],
+                    in_cols: int | None, in_desc: str, mapping: dict[str, list[str]] | None = None,
+                    finite: bool = False) -> Callable:
+    """Wrap a vLLM weight loader so a wrong checkpoint tensor raises an error naming the tensor.
+
+    vLLM's own loaders only `assert` shapes, and vLLM does not report checkpoint tensors that
+    never arrived for quantized models; so this checks dtype, rank, columns and (for scales)
+    finiteness, and records which shards arrived (check_loaded reads that after loading).
     """
 
     def load(param: torch.Tensor, loaded_weight: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        where = f"{prefix}.{name}"
+        shard = _shard_of(args, kwargs)
+        where = checkpoint_name(prefix, name, shard, mapping)
         if loaded_weight.dtype not in dtypes:
             raise ValueError(f"kbit_vllm: checkpoint tensor {where} must have dtype "
                              f"{' or '.join(map(str, dtypes))}, got {loaded_weight.dtype}")
@@ -63,14 +86,42 @@ def _checked_loader(prefix: str, name: str, loader: Callable, dtypes: tuple[torc
         if in_cols is not None and loaded_weight.shape[1] != in_cols:
             raise ValueError(f"kbit_vllm: checkpoint tensor {where} must have {in_cols} columns "
                              f"({in_desc}), got shape {list(loaded_weight.shape)}")
+        if finite and not bool(torch.isfinite(loaded_weight).all()):
+            bad = (~torch.isfinite(loaded_weight)).nonzero()[0].tolist()
+            raise ValueError(f"kbit_vllm: checkpoint tensor {where} holds NaN or Inf (first at index {bad}); "
+                             "the checkpoint is corrupt")
         try:
-            return loader(param, loaded_weight.to(param.dtype), *args, **kwargs)
+            out = loader(param, loaded_weight.to(param.dtype), *args, **kwargs)
         except (AssertionError, RuntimeError) as e:
             raise ValueError(f"kbit_vllm: checkpoint tensor {where} of shape {list(loaded_weight.shape)} "
                              f"does not fit this rank's parameter of shape {list(param.shape)} "
                              f"(shard {args or kwargs}): {e}") from e
+        shards = getattr(param, "_kbit_shards", None)
+        if shards is None:
+            shards = set()
+            param._kbit_shards = shards
+        shards.add(_QKV_INDEX.get(shard, shard) if isinstance(shard, str) else shard)
+        return out
 
     return load
+
+
+def check_loaded(layer: torch.nn.Module, prefix: str, names: tuple[str, ...],
+                 mapping: dict[str, list[str]] | None) -> None:
+    """Raise naming the checkpoint tensors that never arrived (their parameters would stay zero)."""
+    n_shards = len(getattr(layer, "logical_widths", None) or [None])
+    missing: list[str] = []
+    for name in names:
+        got = getattr(getattr(layer, name), "_kbit_shards", set())
+        if None in got:  # loaded as one (unfused or pre-fused) tensor
+            continue
+        if n_shards == 1 and not got:
+            missing.append(checkpoint_name(prefix, name, None, mapping))
+            continue
+        missing += [checkpoint_name(prefix, name, i, mapping) for i in range(n_shards) if i not in got]
+    if missing:
+        raise ValueError(f"kbit_vllm: layer {prefix}: checkpoint tensor(s) {', '.join(missing)} missing from the "
+                         "checkpoint; the folder is incomplete or was written for another model")
 
 
 # --------------------------------------------------------------------------------------------
@@ -81,11 +132,13 @@ def _checked_loader(prefix: str, name: str, loader: Callable, dtypes: tuple[torc
 class _KbitLinearBase(LinearMethodBase):
     """Shared apply() and resident-layout bookkeeping of the two kbit methods."""
 
-    def __init__(self, bits: int, codebook: list[float] | None, prefix: str) -> None:
+    def __init__(self, bits: int, codebook: list[float] | None, prefix: str,
+                 packed_modules_mapping: dict[str, list[str]] | None = None) -> None:
         check_bits(bits, f"kbit layer {prefix}")
         self.bits = bits
         self.codebook = codebook
         self.prefix = prefix
+        self.mapping = packed_modules_mapping
 
     def _check_in_features(self, input_size_per_partition: int, input_size: int) -> None:
         """Blocks of 32 input channels must not straddle a TP shard or the row end."""
@@ -186,11 +239,11 @@ class KbitLinearMethod(_KbitLinearBase):
         packed = ModelWeightParameter(
             data=torch.zeros(out_p, nb_p * k, dtype=torch.int32), input_dim=1, output_dim=0,
             weight_loader=_checked_loader(self.prefix, "weight_packed", layer_loader, (torch.int32,),
-                                          nb_full * k, f"in_features/32*bits = {input_size}/32*{k}"))
+                                          nb_full * k, f"in_features/32*bits = {input_size}/32*{k}", self.mapping))
         absmax = GroupQuantScaleParameter(
             data=torch.zeros(out_p, nb_p, dtype=torch.uint8), input_dim=1, output_dim=0,
             weight_loader=_checked_loader(self.prefix, "weight_absmax", layer_loader, (torch.uint8,),
-                                          nb_full, f"in_features/32 = {input_size}/32"))
+                                          nb_full, f"in_features/32 = {input_size}/32", self.mapping))
         # On the model's device (the default device while vLLM builds the model): a CPU parameter
         # would be moved back to the CPU by vLLM's device_loading_context after processing.
         codebook = BasevLLMParameter(data=self._default_codebook(torch.get_default_device()).clone(),
@@ -202,9 +255,13 @@ class KbitLinearMethod(_KbitLinearBase):
     def _load_codebook(self, param: torch.Tensor, loaded_weight: torch.Tensor, *shard: Any, **kw: Any) -> None:
         """A per-layer codebook; shards of one fused layer (q/k/v, gate/up) must agree."""
         n = 1 << self.bits
+        where = checkpoint_name(self.prefix, "codebook", _shard_of(shard, kw), self.mapping)
         if tuple(loaded_weight.shape) != (n,):
-            raise ValueError(f"kbit: checkpoint tensor {self.prefix}.codebook must be [{n}] for bits={self.bits}, "
+            raise ValueError(f"kbit: checkpoint tensor {where} must be [{n}] for bits={self.bits}, "
                              f"got {list(loaded_weight.shape)}")
+        if not loaded_weight.is_floating_point() or not bool(torch.isfinite(loaded_weight).all()):
+            raise ValueError(f"kbit: checkpoint tensor {where} must hold finite floats, got "
+                             f"{loaded_weight.dtype} {loaded_weight.tolist()}")
         cb = loaded_weight.to(device=param.device, dtype=torch.float32)
         if getattr(param, "_kbit_loaded", False) and not torch.equal(param.data, cb):
             raise ValueError(f"kbit: layer {self.prefix} fuses several checkpoint layers with different "
@@ -215,6 +272,7 @@ class KbitLinearMethod(_KbitLinearBase):
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         if getattr(layer, _DONE, False):
             return
+        check_loaded(layer, self.prefix, ("weight_packed", "weight_absmax"), self.mapping)
         self._install(layer, layer.weight_packed.data, layer.weight_absmax.data, layer.codebook.data)
         setattr(layer, _DONE, True)
 
@@ -227,11 +285,13 @@ class KbitLinearMethod(_KbitLinearBase):
 class AwqOrinLinearMethod(LinearMethodBase):
     """AutoAWQ GEMM checkpoints (qweight/qzeros int32 [in, out/8], scales [in/G, out])."""
 
-    def __init__(self, group_size: int, prefix: str) -> None:
+    def __init__(self, group_size: int, prefix: str,
+                 packed_modules_mapping: dict[str, list[str]] | None = None) -> None:
         if group_size not in AWQ_GROUP_SIZES:
             raise ValueError(f"awq_orin: group_size must be one of {AWQ_GROUP_SIZES}, got {group_size}")
         self.group_size = group_size
         self.prefix = prefix
+        self.mapping = packed_modules_mapping
 
     def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
                        output_partition_sizes: list[int], input_size: int, output_size: int,
@@ -250,14 +310,16 @@ class AwqOrinLinearMethod(LinearMethodBase):
         desc = f"out_features/8 for in_features {input_size}"
         qweight = PackedvLLMParameter(
             data=torch.empty(k_p, n_p // 8, dtype=torch.int32), input_dim=0, output_dim=1, packed_dim=1,
-            packed_factor=8, weight_loader=_checked_loader(self.prefix, "qweight", loader, (torch.int32,), None, desc))
+            packed_factor=8,
+            weight_loader=_checked_loader(self.prefix, "qweight", loader, (torch.int32,), None, desc, self.mapping))
         qzeros = PackedvLLMParameter(
             data=torch.empty(k_p // g, n_p // 8, dtype=torch.int32), input_dim=0, output_dim=1, packed_dim=1,
-            packed_factor=8, weight_loader=_checked_loader(self.prefix, "qzeros", loader, (torch.int32,), None, desc))
+            packed_factor=8,
+            weight_loader=_checked_loader(self.prefix, "qzeros", loader, (torch.int32,), None, desc, self.mapping))
         scales = GroupQuantScaleParameter(
             data=torch.empty(k_p // g, n_p, dtype=params_dtype), input_dim=0, output_dim=1,
-            weight_loader=_checked_loader(self.prefix, "scales", loader,
-                                          (torch.float16, torch.bfloat16, torch.float32), None, desc))
+            weight_loader=_checked_loader(self.prefix, "scales", loader, (torch.float16, torch.bfloat16, torch.float32),
+                                          None, desc, self.mapping, finite=True))
         layer.register_parameter("qweight", qweight)
         layer.register_parameter("qzeros", qzeros)
         layer.register_parameter("scales", scales)
@@ -265,6 +327,7 @@ class AwqOrinLinearMethod(LinearMethodBase):
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         if getattr(layer, _DONE, False):
             return
+        check_loaded(layer, self.prefix, ("qweight", "qzeros", "scales"), self.mapping)
         dtype = layer.scales.dtype
         try:
             wq, sz = ops.awq_repack(layer.qweight.data, layer.qzeros.data, layer.scales.data, self.group_size, dtype)

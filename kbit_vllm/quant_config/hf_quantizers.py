@@ -58,6 +58,51 @@ def _check_device_map(method: str, device_map: Any) -> None:
         )
 
 
+_ST_DTYPES = {"I8": torch.int8, "U8": torch.uint8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64,
+              "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
+              "BOOL": torch.bool}
+
+
+def _checkpoint_index(checkpoint_files: list[str] | None) -> dict[str, tuple[str, list[int], str]]:
+    """name -> (safetensors dtype string, shape, file) from the headers only; {} when unknown."""
+    index: dict[str, tuple[str, list[int], str]] = {}
+    for f in checkpoint_files or []:
+        if not str(f).endswith(".safetensors"):
+            continue
+        from safetensors import safe_open
+
+        with safe_open(str(f), framework="pt") as fh:
+            for name in fh.keys():
+                sl = fh.get_slice(name)
+                index[name] = (sl.get_dtype(), list(sl.get_shape()), str(f))
+    return index
+
+
+def check_checkpoint_tensor(index: dict[str, tuple[str, list[int], str]], name: str,
+                            dtypes: tuple[torch.dtype, ...], shape: list[int], method: str, hint: str = "") -> None:
+    """Raise naming the tensor when the checkpoint holds it with another dtype or shape.
+
+    transformers casts a checkpoint tensor to the placeholder's dtype (a float weight_packed would
+    silently become integers) and reports shape mismatches only in a log table, so the headers
+    are checked before loading."""
+    if name not in index:
+        return  # absent: reported after loading, with the layer's expected tensors
+    st_dtype, got_shape, _ = index[name]
+    got = _ST_DTYPES.get(st_dtype)
+    if got not in dtypes:
+        raise ValueError(f"{method}: checkpoint tensor {name} has dtype {got or st_dtype}, expected "
+                         f"{' or '.join(map(str, dtypes))}")
+    if got_shape != shape:
+        raise ValueError(f"{method}: checkpoint tensor {name} has shape {got_shape}, expected {shape}{hint}")
+
+
+def _finite_or_raise(t: torch.Tensor, name: str, method: str) -> None:
+    if not bool(torch.isfinite(t).all()):
+        idx = (~torch.isfinite(t)).nonzero()[0].tolist()
+        raise ValueError(f"{method}: checkpoint tensor {name} holds NaN or Inf (first at index {idx}); "
+                         "the checkpoint is corrupt")
+
+
 def _loaded(t: torch.Tensor) -> bool:
     return bool(getattr(t, "_is_hf_initialized", False)) and t.device.type != "meta"
 
@@ -227,6 +272,8 @@ class KbitHfQuantizer(_WeightOnlyQuantizer):
         targets = _linears_to_convert(model, skip)
         for name, lin in targets:
             check_kbit_shape(name, lin.in_features, lin.out_features, qc.blocksize)
+        if self.pre_quantized:
+            self._check_checkpoint(targets, kwargs.get("checkpoint_files"))
         for name, lin in targets:
             with torch.device("meta"):
                 new = KbitLinear(lin.in_features, lin.out_features, lin.bias is not None, qc.bits, dtype,
@@ -241,6 +288,29 @@ class KbitHfQuantizer(_WeightOnlyQuantizer):
         logger.info("kbit: %s %d linear layers and %d MoE expert modules at %d bits (skipped: %s)",
                     "loading" if self.pre_quantized else "quantizing", len(targets), len(experts), qc.bits, skip)
         _log_experts_left(model, "kbit", skip)
+
+    def _check_checkpoint(self, targets: list[tuple[str, nn.Linear]], checkpoint_files: list[str] | None) -> None:
+        """Dtypes and shapes of each layer's kbit tensors (headers), and finite codebooks, before loading."""
+        index = _checkpoint_index(checkpoint_files)
+        if not index:
+            return
+        k = self.quantization_config.bits
+        for name, lin in targets:
+            nb = lin.in_features // 32
+            pname = f"{name}.weight_packed"
+            hint = f" for bits={k}"
+            if pname in index and index[pname][1][-1] % nb == 0 and index[pname][1][-1] // nb != k:
+                hint += f" (the tensor holds bits={index[pname][1][-1] // nb}; the config's bits disagree)"
+            check_checkpoint_tensor(index, pname, (torch.int32,), [lin.out_features, nb * k], "kbit", hint)
+            check_checkpoint_tensor(index, f"{name}.weight_absmax", (torch.uint8,), [lin.out_features, nb], "kbit")
+            cname = f"{name}.codebook"
+            check_checkpoint_tensor(index, cname, (torch.float16, torch.bfloat16, torch.float32), [1 << k], "kbit",
+                                    hint)
+            if cname in index:
+                from safetensors import safe_open
+
+                with safe_open(index[cname][2], framework="pt") as fh:
+                    _finite_or_raise(fh.get_tensor(cname), cname, "kbit")
 
     def update_weight_conversions(self, weight_conversions: list[Any], model: nn.Module | None = None) -> list[Any]:
         """Also merge saved per-expert ``weight_packed`` / ``weight_absmax`` into the stacked experts.
@@ -275,7 +345,11 @@ class KbitHfQuantizer(_WeightOnlyQuantizer):
                                  f"weight_packed int32 [{m.out_features}, {m.in_features // 32 * m.bits}], "
                                  f"weight_absmax uint8 [{m.out_features}, {m.in_features // 32}], "
                                  f"codebook fp32 [{1 << m.bits}])")
-            m.repack_()
+            _finite_or_raise(m.codebook, f"{name}.codebook", "kbit")
+            try:
+                m.repack_()
+            except ValueError as e:
+                raise ValueError(f"kbit: layer '{name}': {e}") from e
         for name, m in [(n, m) for n, m in model.named_modules() if isinstance(m, KbitExperts)]:
             missing = [p + s for p in EXPERT_PROJS for s in KBIT_EXPERT_SUFFIXES if not _loaded(getattr(m, p + s))]
             if missing:
@@ -317,6 +391,16 @@ class AwqOrinHfQuantizer(_WeightOnlyQuantizer):
         skip = _resolved_skips(self, model, qc.modules_to_not_convert)
         dtype = self.dtype or model.dtype
         targets = _linears_to_convert(model, skip)
+        index = _checkpoint_index(kwargs.get("checkpoint_files"))
+        g = qc.group_size
+        for name, lin in targets:
+            if lin.in_features % g or lin.out_features % 8:
+                continue  # AwqOrinLinear names the layer below
+            groups, packs = lin.in_features // g, lin.out_features // 8
+            check_checkpoint_tensor(index, f"{name}.qweight", (torch.int32,), [lin.in_features, packs], "awq_orin")
+            check_checkpoint_tensor(index, f"{name}.qzeros", (torch.int32,), [groups, packs], "awq_orin")
+            check_checkpoint_tensor(index, f"{name}.scales", (torch.float16, torch.bfloat16, torch.float32),
+                                    [groups, lin.out_features], "awq_orin")
         for name, lin in targets:
             with torch.device("meta"):
                 new = AwqOrinLinear(lin.in_features, lin.out_features, lin.bias is not None, qc.group_size, dtype,
@@ -333,6 +417,7 @@ class AwqOrinHfQuantizer(_WeightOnlyQuantizer):
             if missing:
                 raise ValueError(f"awq_orin: layer '{name}' is missing {missing} in the checkpoint; if it is "
                                  "not AWQ-quantized, list it in modules_to_not_convert")
+            _finite_or_raise(m.scales.data, f"{name}.scales", "awq_orin")
             m.repack_(dtype)
         return model
 

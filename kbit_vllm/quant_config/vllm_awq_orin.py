@@ -74,7 +74,7 @@ class AwqOrinConfig(ConfigCommon, QuantizationConfig):
         if isinstance(layer, LinearBase):
             if self.is_skipped(prefix):
                 return UnquantizedLinearMethod()
-            return AwqOrinLinearMethod(self.group_size, prefix)
+            return AwqOrinLinearMethod(self.group_size, prefix, getattr(self, "packed_modules_mapping", None))
         if is_moe_layer(layer):
             from ..layers.vllm_moe import AwqOrinMoEMethod
 

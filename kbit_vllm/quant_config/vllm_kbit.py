@@ -128,7 +128,7 @@ class KbitConfig(ConfigCommon, QuantizationConfig):
             if self.is_skipped(prefix) or (not self.prequantized and is_moe_router(prefix)):
                 return UnquantizedLinearMethod()
             cls = KbitLinearMethod if self.prequantized else KbitOnlineLinearMethod
-            return cls(self.bits, self.codebook, prefix)
+            return cls(self.bits, self.codebook, prefix, getattr(self, "packed_modules_mapping", None))
         if is_moe_layer(layer):
             from ..layers.vllm_moe import KbitMoEMethod, KbitOnlineMoEMethod
 

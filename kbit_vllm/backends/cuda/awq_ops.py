@@ -21,7 +21,7 @@ from ... import op_checks as C
 from ...formats import awq as awq_fmt
 from .. import reference as ref
 from . import dispatch
-from .library import LIB, check, device_supported, sm_count
+from .library import LIB, check, kernels_usable, sm_count
 
 # (largest M for the GEMV kernel, largest M for the MMA kernel) per compute capability, from
 # benchmarks/bench_awq.py on the H200 (benchmarks/RESULTS.md): summed over the Llama shapes GEMV
@@ -36,7 +36,8 @@ def _ptr(t: torch.Tensor | None) -> ctypes.c_void_p:
 
 
 def _kernel_ok(t: torch.Tensor, dtype: torch.dtype) -> bool:
-    return LIB is not None and dtype in _SUFFIX and device_supported(t.device.index or 0)[0]
+    """fp16/bf16 on a GPU the library serves (kernels_usable warns once, or raises in strict mode)."""
+    return dtype in _SUFFIX and kernels_usable(t.device.index)
 
 
 def awq_repack(qweight, qzeros, scales, group_size, dtype):

@@ -1,0 +1,135 @@
+"""Calls every CUDA kernel family once on small shapes, for compute-sanitizer (scripts/sanitize.sh).
+
+dense kbit: quantize (fp16/bf16/fp32), dequantize, repack, unrepack, GEMV (stream-K and cluster),
+MMA (split-K and not), tiled dequant + cuBLAS; awq: repack, GEMV, MMA (split-K), dequant; grouped
+kbit: stream-K GEMV, slot GEMV, MMA (bm 16 / 64, split-K, deterministic and not); grouped awq:
+GEMV, MMA. Both activation dtypes. Outputs are compared with the PyTorch path loosely (a crash or
+garbage fails the run, precision is the fuzz sweep's job). Prints one line per call.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from kbit_vllm import normal_float_codebook, ops
+from kbit_vllm.backends import reference as ref
+from kbit_vllm.backends.cuda import awq_ops, library
+from kbit_vllm.backends.cuda import ops as cops
+from kbit_vllm.formats import quantize_awq_rtn
+
+DEV = "cuda"
+FAIL: list[str] = []
+
+
+def check(name: str, y: torch.Tensor, want: torch.Tensor, tol: float = 5e-2) -> None:
+    torch.cuda.synchronize()
+    err = float((y.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-6))
+    ok = bool(torch.isfinite(y).all()) and err < tol
+    print(f"{'ok  ' if ok else 'FAIL'} {name}: rel err {err:.2e}", flush=True)
+    if not ok:
+        FAIL.append(name)
+
+
+def kbit(dtype: torch.dtype) -> None:
+    g = torch.Generator(device="cpu").manual_seed(0)
+    k, out_f, in_f = 4, 256, 1024  # 2 tiles x 32 blocks: stream-K has units, MMA splits K
+    w = (torch.randn(out_f, in_f, generator=g)).to(DEV)
+    cb = normal_float_codebook(k, DEV)
+    for wd in (torch.float16, torch.bfloat16, torch.float32):
+        p, a = ops.kbit_quantize(w.to(wd), cb, k)
+        torch.cuda.synchronize()
+        print(f"ok   kbit_quantize {wd}", flush=True)
+    p, a = ops.kbit_quantize(w.to(dtype), cb, k)
+    wd = ops.kbit_dequantize(p, a, cb, k, dtype)
+    check(f"kbit_dequantize {dtype}", wd, ref.kbit_dequantize(p, a, cb, k, dtype))
+    pt, at = ops.kbit_repack(p, a, k)
+    p2, a2 = ops.kbit_unrepack(pt, at, k, out_f)
+    torch.cuda.synchronize()
+    assert torch.equal(p2, p) and torch.equal(a2, a), "repack/unrepack round trip"
+    print("ok   kbit_repack / kbit_unrepack", flush=True)
+    for m, paths in ((1, ("gemv_sk", "gemv_cluster")), (3, ("gemv_sk", "gemv_cluster")), (16, ("mma",)),
+                     (40, ("mma",)), (64, ("dequant",))):
+        x = torch.randn(m, in_f, generator=g).to(dtype).to(DEV)
+        bias = torch.randn(out_f, generator=g).to(dtype).to(DEV)
+        want = ref.kbit_linear(x.float(), pt, at, cb, bias.float(), k, out_f)
+        for path in paths:
+            check(f"kbit_linear {path} m={m} {dtype}", cops.linear_path(x, pt, at, cb, bias, k, out_f, path), want)
+    # k = 5 (cluster GEMV only) and a padded last tile
+    p5, a5 = ops.kbit_quantize(w[:200].to(dtype), normal_float_codebook(5, DEV), 5)
+    pt5, at5 = ops.kbit_repack(p5, a5, 5)
+    x = torch.randn(2, in_f, generator=g).to(dtype).to(DEV)
+    check(f"kbit_linear gemv k=5 out=200 {dtype}", cops.linear_path(x, pt5, at5, normal_float_codebook(5, DEV), None, 5,
+                                                                     200, "gemv"),
+          ref.kbit_linear(x.float(), pt5, at5, normal_float_codebook(5, DEV), None, 5, 200))
+    # MMA without split-K: 4 blocks of K only
+    p5, a5 = ops.kbit_quantize(w[:200, :128].to(dtype), normal_float_codebook(5, DEV), 5)
+    pt5, at5 = ops.kbit_repack(p5, a5, 5)
+    x = torch.randn(16, 128, generator=g).to(dtype).to(DEV)
+    check(f"kbit_linear mma k=5 in=128 {dtype}", cops.linear_path(x, pt5, at5, normal_float_codebook(5, DEV), None, 5,
+                                                                   200, "mma"),
+          ref.kbit_linear(x.float(), pt5, at5, normal_float_codebook(5, DEV), None, 5, 200))
+
+
+def grouped(dtype: torch.dtype) -> None:
+    g = torch.Generator(device="cpu").manual_seed(1)
+    k, n_exp, out_f, in_f = 4, 4, 256, 512
+    cb = normal_float_codebook(k, DEV)
+    pts, ats, awqs = [], [], []
+    for _ in range(n_exp):
+        w = torch.randn(out_f, in_f, generator=g).to(DEV)
+        p, a = ops.kbit_quantize(w, cb, k)
+        pt, at = ops.kbit_repack(p, a, k)
+        pts.append(pt), ats.append(at)
+        awqs.append(ops.awq_repack(*[t.to(DEV) for t in quantize_awq_rtn(w.cpu(), 64)], 64, dtype))
+    pt, at = torch.stack(pts), torch.stack(ats)
+    wq, sz = torch.stack([a[0] for a in awqs]), torch.stack([a[1] for a in awqs])
+    for rows, counts in ((4, (1, 0, 2, 1)), (64, (30, 0, 20, 14))):
+        offs = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
+        x = torch.randn(rows, in_f, generator=g).to(dtype).to(DEV)
+        want = ref.kbit_grouped_linear(x.float(), pt, at, cb, offs, k, out_f)
+        for det in ("0", "1"):
+            os.environ["KBIT_VLLM_DETERMINISTIC"] = det
+            for path, bm in (("gemv", None), ("gemv_slot", None), ("mma", 16), ("mma", 64)):
+                check(f"kbit_grouped {path} bm={bm} rows={rows} det={det} {dtype}",
+                      cops.grouped_path(x, pt, at, cb, offs, k, out_f, path, bm), want)
+        os.environ["KBIT_VLLM_DETERMINISTIC"] = "0"
+        o = offs.tolist()
+        want_awq = torch.cat([awq_ops.awq_linear(x[o[e]:o[e + 1]].float(), wq[e], sz[e].float(), None, 64, out_f)
+                              for e in range(n_exp)])
+        for path, bm in (("gemv", None), ("mma", 16), ("mma", 64)):
+            check(f"awq_grouped {path} bm={bm} rows={rows} {dtype}",
+                  awq_ops.grouped_path(x, wq, sz, offs, 64, out_f, path, bm), want_awq)
+
+
+def awq(dtype: torch.dtype) -> None:
+    g = torch.Generator(device="cpu").manual_seed(2)
+    out_f, in_f, gs = 256, 1024, 128
+    qw, qz, sc = (t.to(DEV) for t in quantize_awq_rtn(torch.randn(out_f, in_f, generator=g), gs))
+    wq, sz = ops.awq_repack(qw, qz, sc, gs, dtype)
+    w = ops.awq_dequantize(qw, qz, sc, gs).to(torch.float32)
+    for m, path in ((1, "gemv"), (5, "gemv"), (16, "mma"), (48, "mma"), (100, "dequant")):
+        x = torch.randn(m, in_f, generator=g).to(dtype).to(DEV)
+        bias = torch.randn(out_f, generator=g).to(dtype).to(DEV)
+        check(f"awq_linear {path} m={m} {dtype}", awq_ops.linear_path(x, wq, sz, bias, gs, out_f, path),
+              x.float() @ w.t() + bias.float())
+
+
+def main() -> int:
+    ok, why = library.device_supported(torch.cuda.current_device())
+    if not ok:
+        print(f"CUDA kernels unavailable: {why}")
+        return 2
+    for dtype in (torch.float16, torch.bfloat16):
+        kbit(dtype)
+        awq(dtype)
+        grouped(dtype)
+    torch.cuda.synchronize()
+    print(f"driver done, {len(FAIL)} failed checks: {FAIL}")
+    return 1 if FAIL else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
