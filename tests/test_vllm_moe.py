@@ -77,7 +77,8 @@ def run(folders: dict[str, Path]):
             if tp2:
                 os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"  # one core per rank on a single-NUMA host
             try:
-                _CACHE[name] = H.run_llm(folders[folder], **kwargs)
+                runner = H.run_llm if kwargs.get("enforce_eager", True) else H.run_llm_isolated
+                _CACHE[name] = runner(folders[folder], **kwargs)
             finally:
                 if tp2:
                     if old is None:

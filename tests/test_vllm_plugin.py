@@ -86,7 +86,8 @@ def run(folders: dict[str, Path]):
             old = {k: os.environ.get(k) for k in env}
             os.environ.update(env)
             try:
-                _CACHE[name] = H.run_llm(folders[folder], **kwargs)
+                runner = H.run_llm if kwargs.get("enforce_eager", True) else H.run_llm_isolated
+                _CACHE[name] = runner(folders[folder], **kwargs)
             finally:
                 for k, v in old.items():
                     if v is None:

@@ -210,6 +210,32 @@ def run_llm(model: str | Path, prompts: list[str] | None = None, max_tokens: int
         shutdown(llm)
 
 
+def run_llm_isolated(model: str | Path, timeout: float = 600, **kwargs: Any) -> list[Gen]:
+    """run_llm in a fresh interpreter, for torch.compile engines.
+
+    An in-process engine compiles with dynamo inside the pytest process, where state left by
+    earlier engines and tests (dynamo caches, dispatch-mode thread state) made a compiled run
+    fail once in CI ("you set no_dispatch() before calling into this function") though it passes
+    alone; a fresh interpreter gives every compiled engine the same clean start.
+    """
+    import subprocess
+    import sys
+
+    set_cpu_env()
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import vllm_helpers as H; "
+            "out = H.run_llm(sys.argv[2], **json.loads(sys.argv[3])); "
+            "print('GENS ' + json.dumps([[g.ids, g.logprobs, g.text, "
+            "[{str(t): lp for t, lp in d.items()} for d in g.top]] for g in out]))")
+    proc = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent), str(model), json.dumps(kwargs)],
+                          capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("GENS ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"isolated vLLM run of {model} failed (exit {proc.returncode}):\n"
+                           f"{(proc.stdout + proc.stderr)[-4000:]}")
+    return [Gen(ids, lps, text, [{int(t): lp for t, lp in d.items()} for d in top])
+            for ids, lps, text, top in json.loads(lines[-1][5:])]
+
+
 def shutdown(llm: Any) -> None:
     """Stop the engine core and workers now so the next engine gets the cores and memory."""
     try:
