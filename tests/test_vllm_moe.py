@@ -11,7 +11,6 @@ k=4 differ by > 0.1, checked below). Engines are cached per module and shared by
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -69,25 +68,7 @@ _CACHE: dict[str, list[H.Gen]] = {}
 
 @pytest.fixture(scope="module")
 def run(folders: dict[str, Path]):
-    def get(name: str) -> list[H.Gen]:
-        if name not in _CACHE:
-            folder, kwargs = RUNS[name]
-            tp2 = kwargs.get("tensor_parallel_size", 1) > 1
-            old = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
-            if tp2:
-                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"  # one core per rank on a single-NUMA host
-            try:
-                runner = H.run_llm if kwargs.get("enforce_eager", True) else H.run_llm_isolated
-                _CACHE[name] = runner(folders[folder], **kwargs)
-            finally:
-                if tp2:
-                    if old is None:
-                        os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
-                    else:
-                        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = old
-        return _CACHE[name]
-
-    return get
+    return H.cached_runner(RUNS, folders, _CACHE)
 
 
 @pytest.mark.parametrize("k", [2, 4])
@@ -139,15 +120,8 @@ def test_moe_intermediate_not_block_multiple_names_layer(tmp_path: Path) -> None
 
     cfg, st = H.moe_state("mixtral", inter=96, layers=1, dtype=torch.bfloat16)
     folder = H.save_folder(tmp_path / "odd", cfg, st)
-    old = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
-    try:
+    with H.tp_cores(2):
         rc, out = H.run_llm_subprocess(folder, quantization="kbit", dtype="bfloat16", tensor_parallel_size=2)
-    finally:
-        if old is None:
-            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
-        else:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = old
     assert rc != 0
     assert re.search(r"kbit: MoE layer model\.layers\.0\.block_sparse_moe\.experts: intermediate size per TP "
                      r"rank \(full 96\) 48 is not a multiple of 32", out), out[-3000:]

@@ -15,7 +15,6 @@ fused norms and activations, not through kbit.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -77,26 +76,7 @@ _CACHE: dict[str, list[H.Gen]] = {}
 
 @pytest.fixture(scope="module")
 def run(folders: dict[str, Path]):
-    def get(name: str) -> list[H.Gen]:
-        if name not in _CACHE:
-            folder, kwargs = RUNS[name]
-            env = {}
-            if kwargs.get("tensor_parallel_size", 1) > 1:
-                env["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"  # one core per rank on a single-NUMA host
-            old = {k: os.environ.get(k) for k in env}
-            os.environ.update(env)
-            try:
-                runner = H.run_llm if kwargs.get("enforce_eager", True) else H.run_llm_isolated
-                _CACHE[name] = runner(folders[folder], **kwargs)
-            finally:
-                for k, v in old.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
-        return _CACHE[name]
-
-    return get
+    return H.cached_runner(RUNS, folders, _CACHE)
 
 
 def assert_close(a: list[H.Gen], b: list[H.Gen], tol: float = LOGPROB_TOL) -> None:

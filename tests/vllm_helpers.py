@@ -4,6 +4,7 @@ engine runner. Nothing comes from a hub; every folder is written here with safet
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -234,6 +235,41 @@ def run_llm_isolated(model: str | Path, timeout: float = 600, **kwargs: Any) -> 
                            f"{(proc.stdout + proc.stderr)[-4000:]}")
     return [Gen(ids, lps, text, [{int(t): lp for t, lp in d.items()} for d in top])
             for ids, lps, text, top in json.loads(lines[-1][5:])]
+
+
+def cached_runner(runs: dict[str, tuple[str, dict[str, Any]]], folders: dict[str, Path],
+                  cache: dict[str, list[Gen]]):
+    """name -> generations of runs[name] = (folder key, LLM kwargs), each engine started once.
+
+    TP runs pin one core per rank (single-NUMA CPU hosts); compiled runs get a fresh interpreter.
+    """
+
+    def get(name: str) -> list[Gen]:
+        if name not in cache:
+            folder, kwargs = runs[name]
+            runner = run_llm if kwargs.get("enforce_eager", True) else run_llm_isolated
+            with tp_cores(kwargs.get("tensor_parallel_size", 1)):
+                cache[name] = runner(folders[folder], **kwargs)
+        return cache[name]
+
+    return get
+
+
+@contextlib.contextmanager
+def tp_cores(tp: int):
+    """For TP > 1 on a single-NUMA CPU host, pin one core per rank while the engine runs."""
+    if tp <= 1:
+        yield
+        return
+    old = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+        else:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = old
 
 
 def shutdown(llm: Any) -> None:
