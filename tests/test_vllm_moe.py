@@ -140,3 +140,19 @@ def test_expert_tensor_of_other_bits_names_layer(tmp_path: Path) -> None:
     assert re.search(r"kbit: MoE tensor model\.layers\.0\.block_sparse_moe\.experts\.w13_weight_packed "
                      r"\(checkpoint .*\) must have 12 columns \(hidden_size/32\*bits = 128/32\*3\), "
                      r"got shape \[128, 8\]", out), out[-3000:]
+
+
+def test_missing_expert_tensor_names_layer(tmp_path: Path) -> None:
+    """A pre-quantized folder that lost one expert's w2 packed tensor fails at load, naming the layer."""
+    import torch
+
+    cfg, st = H.moe_state("mixtral", layers=1, dtype=torch.bfloat16)
+    q = H.kbit_state(st, 4, with_codebook=False)
+    gone = [k for k in q if ".experts.1.w2." in k and k.endswith("weight_packed")]
+    assert len(gone) == 1, gone
+    del q[gone[0]]
+    folder = H.save_folder(tmp_path / "holey", cfg, q, {"quant_method": "kbit", "bits": 4})
+    rc, out = H.run_llm_subprocess(folder, quantization="kbit", dtype="bfloat16")
+    assert rc != 0
+    assert re.search(r"kbit: MoE layer model\.layers\.0\.block_sparse_moe\.experts: only \d+ of the \d+ expert "
+                     r"tensors of w2_weight_packed", out), out[-3000:]

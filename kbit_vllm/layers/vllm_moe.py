@@ -236,12 +236,36 @@ class KbitMoEMethod(_KbitMoEBase):
                 raise ValueError(f"kbit: MoE tensor {where} must have {cols} columns ({desc}), got shape "
                                  f"{list(loaded_weight.shape)}; was it written with other bits or another model?")
             try:
-                return loader(param, loaded_weight, *args, **kwargs)
+                out = loader(param, loaded_weight, *args, **kwargs)
             except (AssertionError, RuntimeError) as e:
                 raise ValueError(f"kbit: MoE tensor {where} of shape {list(loaded_weight.shape)} does not fit "
                                  f"this rank's parameter {list(param.shape)}: {e}") from e
+            if out is not False:  # False: an expert of another rank (expert parallelism)
+                seen = getattr(param, "_kbit_seen", None)
+                if seen is None:
+                    seen = param._kbit_seen = set()
+                seen.add((kwargs.get("expert_id"), kwargs.get("shard_id")))
+            return out
 
         return load
+
+    def _check_loaded(self, layer: torch.nn.Module) -> None:
+        """Raise naming the expert tensors that never arrived (their parameters would stay zero)."""
+        for name, shards in (("w13", ("w1", "w3")), ("w2", ("w2",))):
+            for part in ("weight_packed", "weight_absmax"):
+                param = getattr(layer, f"{name}_{part}")
+                # a shard id other than w1/w3/w2 (a fused gate_up tensor per expert) covers all shards
+                seen = {(e, t) for e, sh in getattr(param, "_kbit_seen", set())
+                        for t in ((sh,) if sh in shards else shards)}
+                n_exp = param.shape[0]
+                if len(seen) >= n_exp * len(shards):
+                    continue
+                ids = sorted({e for e, _ in seen if e is not None})
+                raise ValueError(
+                    f"kbit: MoE layer {self.prefix}: only {len(seen)} of the {n_exp * len(shards)} expert tensors "
+                    f"of {name}_{part} ({'/'.join(shards)} per expert, {n_exp} experts on this rank) arrived from the "
+                    f"checkpoint (experts seen: {ids[:16]}{' ...' if len(ids) > 16 else ''}); the folder is "
+                    "incomplete or was written for another model")
 
     def _codebook_loader(self, name: str) -> Callable:
         """One codebook per projection of a MoE layer: every expert's copy must agree."""
@@ -264,6 +288,7 @@ class KbitMoEMethod(_KbitMoEBase):
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         if getattr(layer, _DONE, False):
             return
+        self._check_loaded(layer)
         for name in ("w13", "w2"):
             packed, absmax = getattr(layer, f"{name}_weight_packed").data, getattr(layer, f"{name}_weight_absmax").data
             codebook = getattr(layer, f"{name}_codebook").data
