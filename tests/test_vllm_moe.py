@@ -156,3 +156,19 @@ def test_missing_expert_tensor_names_layer(tmp_path: Path) -> None:
     assert rc != 0
     assert re.search(r"kbit: MoE layer model\.layers\.0\.block_sparse_moe\.experts: only \d+ of the \d+ expert "
                      r"tensors of w2_weight_packed", out), out[-3000:]
+
+
+def test_awq_moe_nonfinite_scale_names_layer(tmp_path: Path) -> None:
+    """An AutoAWQ MoE checkpoint with a NaN in one expert's scales fails at load, naming the layer."""
+    import torch
+
+    cfg, st = H.moe_state("mixtral", layers=1, dtype=torch.float16, seed=2)
+    q = H.awq_state(st, GROUP)
+    key = next(k for k in q if ".experts.1.w2." in k and k.endswith("scales"))
+    q[key][0, 3] = float("nan")
+    awq_cfg = {"quant_method": "awq", "bits": 4, "group_size": GROUP, "zero_point": True, "version": "gemm"}
+    folder = H.save_folder(tmp_path / "nan", cfg, q, awq_cfg)
+    rc, out = H.run_llm_subprocess(folder, quantization="awq_orin", dtype="float16")
+    assert rc != 0
+    assert re.search(r"awq_orin: MoE layer model\.layers\.0\.block_sparse_moe\.experts: checkpoint scales of w2 "
+                     r"\(expert 1\) hold NaN or Inf", out), out[-3000:]

@@ -347,6 +347,11 @@ class AwqOrinMoEMethod(_MoEMethodBase):
         dtype = layer.w13_scales.dtype
         for name in ("w13", "w2"):
             qw, qz, sc = (getattr(layer, f"{name}_{n}").data for n in ("qweight", "qzeros", "scales"))
+            bad = ~torch.isfinite(sc)
+            if bool(bad.any()):
+                e, *where = bad.nonzero()[0].tolist()
+                raise ValueError(f"awq_orin: MoE layer {self.prefix}: checkpoint scales of {name} (expert {e}) hold "
+                                 f"NaN or Inf (first at [group, column] {where}); the checkpoint is corrupt")
             wqs, szs = [], []
             for e in range(qw.shape[0]):
                 try:
