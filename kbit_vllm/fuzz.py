@@ -122,6 +122,16 @@ def _name(rec: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in rec.items())
 
 
+def _grouped_want(x: torch.Tensor, offs: torch.Tensor, ws: list[torch.Tensor],
+                  out_f: int) -> tuple[torch.Tensor, list[int]]:
+    """float64 grouped linear: rows offs[e]:offs[e+1] of x (non-finite values as 0) times expert e's W."""
+    want = torch.zeros(x.shape[0], out_f, dtype=torch.float64, device=x.device)
+    o = offs.tolist()
+    for e, w in enumerate(ws):
+        want[o[e]:o[e + 1]] = x[o[e]:o[e + 1]].to(torch.float64).nan_to_num(0, 0, 0) @ w.t()
+    return want, o
+
+
 def _max_tokens(offsets: list[int]) -> int:
     return max(b - a for a, b in zip(offsets[:-1], offsets[1:], strict=True))
 
@@ -327,10 +337,7 @@ class Runner:
         pt, at = torch.stack(pts), torch.stack(ats)
         offs = self._offsets(rows, n_exp).to(dev)
         x, bad = _x(g, rows, in_f, dtype, dev, nonfinite)
-        want = torch.zeros(rows, out_f, dtype=torch.float64, device=dev)
-        o = offs.tolist()
-        for e in range(n_exp):
-            want[o[e]:o[e + 1]] = x[o[e]:o[e + 1]].to(torch.float64).nan_to_num(0, 0, 0) @ ws[e].t()
+        want, o = _grouped_want(x, offs, ws, out_f)
         rec = {"op": "kbit_grouped_linear", "k": k, "dtype": str(dtype).split(".")[-1], "in": in_f, "out": out_f,
                "m": rows, "experts": n_exp, "max_tokens_per_expert": _max_tokens(o),
                "nonfinite": nonfinite}
@@ -402,10 +409,7 @@ class Runner:
         wq, sz = torch.stack(wqs), torch.stack(szs)
         offs = self._offsets(rows, n_exp).to(dev)
         x, bad = _x(g, rows, in_f, dtype, dev, nonfinite)
-        want = torch.zeros(rows, out_f, dtype=torch.float64, device=dev)
-        o = offs.tolist()
-        for e in range(n_exp):
-            want[o[e]:o[e + 1]] = x[o[e]:o[e + 1]].to(torch.float64).nan_to_num(0, 0, 0) @ ws[e].t()
+        want, o = _grouped_want(x, offs, ws, out_f)
         rec = {"op": "awq_grouped_linear", "group": gs, "dtype": str(dtype).split(".")[-1], "in": in_f, "out": out_f,
                "m": rows, "experts": n_exp, "max_tokens_per_expert": _max_tokens(o),
                "nonfinite": nonfinite}

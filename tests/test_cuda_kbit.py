@@ -14,20 +14,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cuda_helpers import cuda_kernels_ok
 
 from kbit_vllm import ops
 from kbit_vllm.backends import reference as ref
-from kbit_vllm.backends.cuda import library
 from kbit_vllm.formats import dequantize_kbit, from_tiled, normal_float_codebook, quantize_kbit, to_tiled
 
-
-def _cuda_ok() -> tuple[bool, str]:
-    if not torch.cuda.is_available():
-        return False, "no CUDA GPU"
-    return library.device_supported(torch.cuda.current_device())
-
-
-_OK, _WHY = _cuda_ok()
+_OK, _WHY = cuda_kernels_ok()
 pytestmark = pytest.mark.skipif(not _OK, reason=f"CUDA kbit kernels unavailable: {_WHY}")
 
 if _OK:

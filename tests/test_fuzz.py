@@ -9,10 +9,9 @@ for the device is scripts/fuzz_long.py.
 from __future__ import annotations
 
 import pytest
-import torch
+from cuda_helpers import cuda_kernels_ok
 
 from kbit_vllm import fuzz
-from kbit_vllm.backends.cuda import library
 
 SEEDS = (0, 1)
 
@@ -25,13 +24,7 @@ def test_fuzz_cpu(seed: int) -> None:
     assert not sweep.failures, "\n".join(sweep.failures[:20])
 
 
-def _cuda_ok() -> tuple[bool, str]:
-    if not torch.cuda.is_available():
-        return False, "no CUDA GPU"
-    return library.device_supported(torch.cuda.current_device())
-
-
-_OK, _WHY = _cuda_ok()
+_OK, _WHY = cuda_kernels_ok()
 
 
 @pytest.mark.skipif(not _OK, reason=f"CUDA kernels unavailable: {_WHY}")
