@@ -88,6 +88,16 @@ def write_awq_checkpoint(src: str, dst: str, group_size: int = 64,
     return dense
 
 
+def _randomize_and_save(model: torch.nn.Module, path: str) -> str:
+    """Redraw every matrix from N(0, 0.08), then save the folder (shared by the tiny MoE builders)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.08)
+    model.save_pretrained(path)
+    return path
+
+
 def save_tiny_mixtral(path: str, seed: int = 0, intermediate: int = INTER) -> str:
     """Random-init tiny Mixtral (4 experts, top-2): transformers 5.x fuses experts into 3-D params."""
     from transformers import MixtralConfig, MixtralForCausalLM
@@ -98,12 +108,7 @@ def save_tiny_mixtral(path: str, seed: int = 0, intermediate: int = INTER) -> st
                         num_experts_per_tok=2, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
                         pad_token_id=0)
     model = MixtralForCausalLM(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.08)
-    model.save_pretrained(path)
-    return path
+    return _randomize_and_save(model, path)
 
 
 def save_tiny_qwen3_moe(path: str, seed: int = 0, moe_intermediate: int = 64) -> str:
@@ -117,9 +122,4 @@ def save_tiny_qwen3_moe(path: str, seed: int = 0, moe_intermediate: int = 64) ->
                          norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=False,
                          bos_token_id=1, eos_token_id=2, pad_token_id=0)
     model = Qwen3MoeForCausalLM(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.08)
-    model.save_pretrained(path)
-    return path
+    return _randomize_and_save(model, path)
