@@ -1,12 +1,41 @@
 #!/usr/bin/env bash
+# The one GPU-machine script: checks and times the carried library (builds nothing).
 # On the GPU machine, from the repo root, with kbit_vllm/lib carried prebuilt:
-#   PYTHONPATH=. bash benchmarks/device_run.sh [bench args...]
-# Runs the CUDA tests, then the benchmark; logs and JSON go to $OUT (or ./device_out).
+#   STEPS="tests fuzz sanitize bench_kbit bench_awq bench_moe ncu" bash benchmarks/device_run.sh
+# Steps (default "tests bench_kbit"), each with its own time limit, logs under $OUT (./device_out):
+#   tests       every GPU test module (CUDA kernels, HF on CUDA, MoE compute, fuzz short mode)
+#   fuzz        scripts/fuzz_long.py for FUZZ_SECONDS (default 90)
+#   sanitize    scripts/sanitize.sh (SANITIZE_TOOLS, SANITIZE_FAMILIES, SANITIZE_FILTER pass through)
+#   bench_kbit  benchmarks/bench_kbit.py $BENCH_KBIT_ARGS     bench_awq  benchmarks/bench_awq.py $BENCH_AWQ_ARGS
+#   bench_moe   benchmarks/bench_moe.py $BENCH_MOE_ARGS
+#   ncu         benchmarks/profile_ncu.sh over NCU_CONFIGS ("in out k path m;in out k path m")
 set -o pipefail
 OUT=${OUT:-device_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-.}
+STEPS=${STEPS:-tests bench_kbit}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "from kbit_vllm.backends.cuda import library; print(library.STATUS)" | tee -a "$OUT/gpu.txt"
-timeout 240 python3 -m pytest -q -x tests/test_cuda_kbit.py 2>&1 | tail -40 | tee "$OUT/tests.log"
-timeout 330 python3 benchmarks/bench_kbit.py --json "$OUT/bench_kbit.json" "$@" 2>&1 | tee "$OUT/bench.log"
+git rev-parse --short HEAD 2>/dev/null | sed 's/^/commit: /' | tee -a "$OUT/gpu.txt"
+for step in $STEPS; do
+  start=$(date +%s)
+  case $step in
+    tests) timeout 240 python3 -m pytest -q -rs --durations=8 tests/test_cuda_kbit.py tests/test_cuda_awq.py \
+             tests/test_cuda_moe.py tests/test_moe_compute.py tests/test_hf_kbit.py tests/test_hf_awq.py \
+             tests/test_hf_moe.py tests/test_fuzz.py 2>&1 | tail -60 > "$OUT/tests.log" ;;
+    fuzz) timeout $(( ${FUZZ_SECONDS:-90} + 60 )) python3 scripts/fuzz_long.py --seconds "${FUZZ_SECONDS:-90}" \
+             --out "$OUT/fuzz" > "$OUT/fuzz.log" 2>&1 ;;
+    sanitize) OUT="$OUT/sanitize" timeout 420 bash scripts/sanitize.sh > "$OUT/sanitize.log" 2>&1 ;;
+    bench_kbit) timeout 330 python3 benchmarks/bench_kbit.py --json "$OUT/bench_kbit.json" $BENCH_KBIT_ARGS \
+             > "$OUT/bench_kbit.log" 2>&1 ;;
+    bench_awq) timeout 200 python3 benchmarks/bench_awq.py --json "$OUT/bench_awq.json" $BENCH_AWQ_ARGS \
+             > "$OUT/bench_awq.log" 2>&1 ;;
+    bench_moe) timeout 200 python3 benchmarks/bench_moe.py --json "$OUT/bench_moe.json" $BENCH_MOE_ARGS \
+             > "$OUT/bench_moe.log" 2>&1 ;;
+    ncu) IFS=';' read -r -a cfgs <<< "${NCU_CONFIGS:-4096 28672 4 gemv 1}"
+         timeout 300 bash benchmarks/profile_ncu.sh "${cfgs[@]}" > "$OUT/ncu.log" 2>&1 ;;
+    *) echo "unknown step $step" ;;
+  esac
+  echo "step $step: exit $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/steps.txt"
+done
+tail -3 "$OUT/tests.log" 2>/dev/null

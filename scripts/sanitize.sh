@@ -20,29 +20,37 @@ SUMMARY="$OUT/sanitize_summary.md"
   "$SAN" --version 2>/dev/null | tail -1 | sed 's/^/sanitizer: /'
   python3 -c "from kbit_vllm.backends.cuda import library; print('library:', library.STATUS)"
   echo
-  echo "| tool | exit | driver | errors (sanitizer summary) | seconds |"
-  echo "|---|---|---|---|---|"
+  echo "| tool | family | exit | driver | errors (sanitizer summary) | seconds |"
+  echo "|---|---|---|---|---|---|"
 } > "$SUMMARY"
 status=0
+# memcheck runs every family in one process; racecheck and initcheck one process per family
+# (SANITIZE_FAMILIES overrides), so an abort inside one family leaves the others' verdicts.
+FAMILIES=${SANITIZE_FAMILIES:-kbit_formats kbit_gemv kbit_mma kbit_dequant awq kbit_grouped awq_grouped}
 for tool in $TOOLS; do
   extra=()
-  [ "$tool" = racecheck ] && extra+=(--racecheck-report hazard)
+  [ "$tool" = racecheck ] && extra+=(--racecheck-report all)
   [ "$tool" = initcheck ] && extra+=(--track-unused-memory no)
   [ -n "$SANITIZE_FILTER" ] && extra+=(--kernel-name "$SANITIZE_FILTER")
-  start=$(date +%s)
-  timeout 200 "$SAN" --tool "$tool" --error-exitcode 99 --print-limit 50 "${extra[@]}" \
-      python3 scripts/sanitize_driver.py > "$OUT/sanitize_$tool.log" 2>&1
-  rc=$?
-  secs=$(( $(date +%s) - start ))
-  errs=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize_$tool.log" | tail -1 | sed 's/^========= //')
-  drv=$(grep -E "^driver done" "$OUT/sanitize_$tool.log" | tail -1)
-  echo "| $tool | $rc | ${drv:-did not finish} | ${errs:-none printed} | $secs |" >> "$SUMMARY"
-  # the most frequent distinct error kinds and kernels, for the record
-  { echo; echo "### $tool: most frequent reports"; echo; echo '```'
-    grep -E "^========= +(Invalid|Uninitialized|Error|Race|Warning|Program hit|in |at )" "$OUT/sanitize_$tool.log" \
-      | sort | uniq -c | sort -rn | head -15
-    echo '```'; } >> "$OUT/details.md"
-  [ $rc -ne 0 ] && status=1
+  if [ "$tool" = memcheck ]; then groups=("all"); else read -r -a groups <<< "$FAMILIES"; fi
+  for fam in "${groups[@]}"; do
+    args=(); [ "$fam" != all ] && args=("$fam")
+    log="$OUT/sanitize_${tool}_${fam}.log"
+    start=$(date +%s)
+    timeout 200 "$SAN" --tool "$tool" --error-exitcode 99 --print-limit 50 "${extra[@]}" \
+        python3 scripts/sanitize_driver.py "${args[@]}" > "$log" 2>&1
+    rc=$?
+    secs=$(( $(date +%s) - start ))
+    errs=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1 | sed 's/^========= //')
+    drv=$(grep -E "^driver done" "$log" | tail -1)
+    echo "| $tool | $fam | $rc | ${drv:-did not finish} | ${errs:-none printed} | $secs |" >> "$SUMMARY"
+    # the most frequent distinct error kinds and kernels, for the record
+    { echo; echo "### $tool / $fam: most frequent reports"; echo; echo '```'
+      grep -E "^========= +(Invalid|Uninitialized|Error|Race|Warning|Program hit|Internal|in |at |Write|Read)" "$log" \
+        | sort | uniq -c | sort -rn | head -15
+      echo '```'; } >> "$OUT/details.md"
+    [ $rc -ne 0 ] && status=1
+  done
 done
 [ -f "$OUT/details.md" ] && cat "$OUT/details.md" >> "$SUMMARY" && rm "$OUT/details.md"
 cat "$SUMMARY"

@@ -5,6 +5,10 @@ MMA (split-K and not), tiled dequant + cuBLAS; awq: repack, GEMV, MMA (split-K),
 kbit: stream-K GEMV, slot GEMV, MMA (bm 16 / 64, split-K, deterministic and not); grouped awq:
 GEMV, MMA. Both activation dtypes. Outputs are compared with the PyTorch path loosely (a crash or
 garbage fails the run, precision is the fuzz sweep's job). Prints one line per call.
+
+`python3 scripts/sanitize_driver.py [FAMILY ...]` runs only the named families (FAMILIES; the
+setup kernels, quantize and repack, always run), so a sanitizer that aborts on one family
+does not hide the others: scripts/sanitize.sh runs each family in its own process.
 """
 
 from __future__ import annotations
@@ -22,6 +26,13 @@ from kbit_vllm.formats import quantize_awq_rtn
 
 DEV = "cuda"
 FAIL: list[str] = []
+FAMILIES = ("kbit_formats", "kbit_gemv", "kbit_mma", "kbit_dequant", "awq", "kbit_grouped", "awq_grouped")
+ONLY: set[str] = set(FAMILIES)
+
+
+def _family(path: str) -> str:
+    """The family of a dense kbit path name."""
+    return "kbit_gemv" if path.startswith("gemv") else "kbit_mma" if path.startswith("mma") else "kbit_dequant"
 
 
 def check(name: str, y: torch.Tensor, want: torch.Tensor, tol: float = 5e-2) -> None:
@@ -43,34 +54,37 @@ def kbit(dtype: torch.dtype) -> None:
         torch.cuda.synchronize()
         print(f"ok   kbit_quantize {wd}", flush=True)
     p, a = ops.kbit_quantize(w.to(dtype), cb, k)
-    wd = ops.kbit_dequantize(p, a, cb, k, dtype)
-    check(f"kbit_dequantize {dtype}", wd, ref.kbit_dequantize(p, a, cb, k, dtype))
+    if "kbit_formats" in ONLY:
+        wd = ops.kbit_dequantize(p, a, cb, k, dtype)
+        check(f"kbit_dequantize {dtype}", wd, ref.kbit_dequantize(p, a, cb, k, dtype))
     pt, at = ops.kbit_repack(p, a, k)
-    p2, a2 = ops.kbit_unrepack(pt, at, k, out_f)
-    torch.cuda.synchronize()
-    assert torch.equal(p2, p) and torch.equal(a2, a), "repack/unrepack round trip"
-    print("ok   kbit_repack / kbit_unrepack", flush=True)
+    if "kbit_formats" in ONLY:
+        p2, a2 = ops.kbit_unrepack(pt, at, k, out_f)
+        torch.cuda.synchronize()
+        assert torch.equal(p2, p) and torch.equal(a2, a), "repack/unrepack round trip"
+        print("ok   kbit_repack / kbit_unrepack", flush=True)
     for m, paths in ((1, ("gemv_sk", "gemv_cluster")), (3, ("gemv_sk", "gemv_cluster")), (16, ("mma",)),
                      (40, ("mma",)), (64, ("dequant",))):
         x = torch.randn(m, in_f, generator=g).to(dtype).to(DEV)
         bias = torch.randn(out_f, generator=g).to(dtype).to(DEV)
         want = ref.kbit_linear(x.float(), pt, at, cb, bias.float(), k, out_f)
-        for path in paths:
-            check(f"kbit_linear {path} m={m} {dtype}", cops.linear_path(x, pt, at, cb, bias, k, out_f, path), want)
-    # k = 5 (cluster GEMV only) and a padded last tile
-    p5, a5 = ops.kbit_quantize(w[:200].to(dtype), normal_float_codebook(5, DEV), 5)
-    pt5, at5 = ops.kbit_repack(p5, a5, 5)
-    x = torch.randn(2, in_f, generator=g).to(dtype).to(DEV)
-    check(f"kbit_linear gemv k=5 out=200 {dtype}", cops.linear_path(x, pt5, at5, normal_float_codebook(5, DEV), None, 5,
-                                                                     200, "gemv"),
-          ref.kbit_linear(x.float(), pt5, at5, normal_float_codebook(5, DEV), None, 5, 200))
-    # MMA without split-K: 4 blocks of K only
-    p5, a5 = ops.kbit_quantize(w[:200, :128].to(dtype), normal_float_codebook(5, DEV), 5)
-    pt5, at5 = ops.kbit_repack(p5, a5, 5)
-    x = torch.randn(16, 128, generator=g).to(dtype).to(DEV)
-    check(f"kbit_linear mma k=5 in=128 {dtype}", cops.linear_path(x, pt5, at5, normal_float_codebook(5, DEV), None, 5,
-                                                                   200, "mma"),
-          ref.kbit_linear(x.float(), pt5, at5, normal_float_codebook(5, DEV), None, 5, 200))
+        for path in (p for p in paths if _family(p) in ONLY):
+            for det in ("0", "1") if path == "mma" else ("0",):  # deterministic mode: per-CTA slots
+                os.environ["KBIT_VLLM_DETERMINISTIC"] = det
+                check(f"kbit_linear {path} m={m} det={det} {dtype}",
+                      cops.linear_path(x, pt, at, cb, bias, k, out_f, path), want)
+            os.environ["KBIT_VLLM_DETERMINISTIC"] = "0"
+    # k = 5: the shuffle GEMV with a padded last tile, and the MMA without split-K (4 blocks of K)
+    cb5 = normal_float_codebook(5, DEV)
+    for m, path, rows, cols in ((2, "gemv", 200, in_f), (16, "mma", 200, 128)):
+        if _family(path) not in ONLY:
+            continue
+        p5, a5 = ops.kbit_quantize(w[:rows, :cols].to(dtype), cb5, 5)
+        pt5, at5 = ops.kbit_repack(p5, a5, 5)
+        x = torch.randn(m, cols, generator=g).to(dtype).to(DEV)
+        check(f"kbit_linear {path} k=5 in={cols} out={rows} {dtype}",
+              cops.linear_path(x, pt5, at5, cb5, None, 5, rows, path),
+              ref.kbit_linear(x.float(), pt5, at5, cb5, None, 5, rows))
 
 
 def grouped(dtype: torch.dtype) -> None:
@@ -90,7 +104,7 @@ def grouped(dtype: torch.dtype) -> None:
         offs = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
         x = torch.randn(rows, in_f, generator=g).to(dtype).to(DEV)
         want = ref.kbit_grouped_linear(x.float(), pt, at, cb, offs, k, out_f)
-        for det in ("0", "1"):
+        for det in ("0", "1") if "kbit_grouped" in ONLY else ():
             os.environ["KBIT_VLLM_DETERMINISTIC"] = det
             for path, bm in (("gemv", None), ("gemv_slot", None), ("mma", 16), ("mma", 64)):
                 check(f"kbit_grouped {path} bm={bm} rows={rows} det={det} {dtype}",
@@ -99,7 +113,7 @@ def grouped(dtype: torch.dtype) -> None:
         o = offs.tolist()
         want_awq = torch.cat([awq_ops.awq_linear(x[o[e]:o[e + 1]].float(), wq[e], sz[e].float(), None, 64, out_f)
                               for e in range(n_exp)])
-        for path, bm in (("gemv", None), ("mma", 16), ("mma", 64)):
+        for path, bm in (("gemv", None), ("mma", 16), ("mma", 64)) if "awq_grouped" in ONLY else ():
             check(f"awq_grouped {path} bm={bm} rows={rows} {dtype}",
                   awq_ops.grouped_path(x, wq, sz, offs, 64, out_f, path, bm), want_awq)
 
@@ -122,10 +136,19 @@ def main() -> int:
     if not ok:
         print(f"CUDA kernels unavailable: {why}")
         return 2
+    unknown = set(sys.argv[1:]) - set(FAMILIES)
+    if unknown:
+        print(f"unknown families {sorted(unknown)}; choose from {FAMILIES}")
+        return 2
+    if sys.argv[1:]:
+        ONLY.intersection_update(sys.argv[1:])
     for dtype in (torch.float16, torch.bfloat16):
-        kbit(dtype)
-        awq(dtype)
-        grouped(dtype)
+        if ONLY & {"kbit_formats", "kbit_gemv", "kbit_mma", "kbit_dequant"}:
+            kbit(dtype)
+        if "awq" in ONLY:
+            awq(dtype)
+        if ONLY & {"kbit_grouped", "awq_grouped"}:
+            grouped(dtype)
     torch.cuda.synchronize()
     print(f"driver done, {len(FAIL)} failed checks: {FAIL}")
     return 1 if FAIL else 0

@@ -170,18 +170,27 @@ def test_nonfinite_activations_propagate(dtype, m):
         _check_linear(y[1 : m - 1], x[1 : m - 1], w64, None, dtype)
 
 
-@pytest.mark.parametrize("m", (1, 3, 8))
+@pytest.mark.parametrize("m", (1, 3, 4, 8))
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_deterministic_mode(m, dtype, monkeypatch):
-    """KBIT_VLLM_DETERMINISTIC=1: cluster GEMV and split-K MMA sum in a fixed order: same bits."""
+@pytest.mark.parametrize("in_f,out_f", ((4096, 1000), (128, 4880), (64, 20000)))
+def test_deterministic_mode(m, dtype, in_f, out_f, monkeypatch):
+    """KBIT_VLLM_DETERMINISTIC=1: cluster GEMV and split-K MMA sum in a fixed order: same bits,
+    call after call, whatever memory the outputs land in (the fuzz sweep once saw a second call
+    differ at in=128, out=4880, M=4 with bias; garbage allocations between calls would expose
+    outputs a kernel leaves unwritten)."""
     monkeypatch.setenv("KBIT_VLLM_DETERMINISTIC", "1")
-    k, in_f, out_f = 3, 4096, 1000
+    k = 4 if in_f == 128 else 3
     packed, absmax, cb = _weights(out_f, in_f, k)
     pt, at = ops.kbit_repack(packed, absmax, k)
     x = torch.randn(m, in_f, device=DEV, dtype=dtype)
-    first = ops.kbit_linear(x, pt, at, cb, None, k, out_f)
-    for _ in range(5):
-        assert torch.equal(ops.kbit_linear(x, pt, at, cb, None, k, out_f), first)
+    bias = torch.randn(out_f, device=DEV, dtype=dtype)
+    first = ops.kbit_linear(x, pt, at, cb, bias, k, out_f)
+    _check_linear(first, x, dequantize_kbit(packed, absmax, cb, k, torch.float64), bias, dtype)
+    keep = []
+    for i in range(20):
+        keep.append(torch.full((m * out_f + 64 * i,), float("nan"), device=DEV, dtype=dtype))
+        again = ops.kbit_linear(x, pt, at, cb, bias, k, out_f)
+        assert torch.equal(again, first), f"call {i + 2}: {int((again != first).sum())} outputs differ"
 
 
 @pytest.mark.parametrize("path", ("mma_tw1", "mma_tw2"))
