@@ -148,11 +148,21 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW>::kMinBlocks) mm
     uint32_t* tbl = reinterpret_cast<uint32_t*>(smem_mma);
     unsigned char* stages = smem_mma + S::kLutBytes;
 
-    auto load_stage = [&](int u, int slot) {
+    // Load cursor: the next unit to stage is always the previous one + 1 (prologue u0, u0 + 1, ..;
+    // then u + kMmaStages - 1 per iteration), so (row tile, stage) advance without a division
+    // except when a row tile ends (the divisions were ~1/8 of the instructions per unit).
+    int l_rt = u0 / nst, l_st = u0 - l_rt * nst;
+    int l_mt = l_rt / n_rt, l_t0 = (l_rt - l_mt * n_rt) * TW;
+    auto load_stage = [&](int slot) {
         unsigned char* base = stages + slot * S::kStageBytes;
-        const int rt = u / nst, st = u - rt * nst;
-        const int mt = rt / n_rt, t0 = (rt - mt * n_rt) * TW;
-        const int j0 = st * kMmaBK;
+        const int mt = l_mt, t0 = l_t0;
+        const int j0 = l_st * kMmaBK;
+        if (++l_st == nst) {
+            l_st = 0;
+            ++l_rt;
+            l_mt = l_rt / n_rt;
+            l_t0 = (l_rt - l_mt * n_rt) * TW;
+        }
         const int jn = min(kMmaBK, nb - j0);  // valid blocks in this stage
         constexpr int kTileChunks = kMmaBK * K * kTileN / 4;
 #pragma unroll
@@ -187,7 +197,7 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW>::kMinBlocks) mm
 
 #pragma unroll
     for (int s = 0; s < kMmaStages - 1; ++s) {
-        if (u0 + s < u1) load_stage(u0 + s, s);
+        if (u0 + s < u1) load_stage(s);
         cp_async_commit();
     }
     // The table is built while the first stages are in flight; the loop's first barrier publishes it.
@@ -214,64 +224,96 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW>::kMinBlocks) mm
     bool seg_from_start = u0 == rt * nst;
     const int lcol = tw_w * kTileN + wbase + NS * col8;  // this lane's B columns in the row tile
 
-    for (int u = u0; u < u1; ++u) {
-        const int itn = u - u0;
-        cp_async_wait<kMmaStages - 2>();
-        __syncthreads();
-        {
-            const int nxt = u + kMmaStages - 1;
-            if (nxt < u1) load_stage(nxt, (itn + kMmaStages - 1) % kMmaStages);
-            cp_async_commit();
-        }
-        const unsigned char* base = stages + (itn % kMmaStages) * S::kStageBytes;
-        const uint32_t* b_s = reinterpret_cast<const uint32_t*>(base) + tw_w * kMmaBK * K * kTileN;
-        const uint32_t a_base = smem_u32(base + S::kBWords * 4);
-        const uint8_t* abs_s = base + S::kBWords * 4 + S::kABytes + tw_w * kMmaBK * kTileN;
-        const int c0 = wbase + NS * col8;  // column in the layout tile
-#pragma unroll
-        for (int blk = 0; blk < kMmaBK; ++blk) {
-            using Wd = Words<NS>;
-            typename Wd::V pw[K];
-#pragma unroll
-            for (int b = 0; b < K; ++b)
-                pw[b] = *reinterpret_cast<const typename Wd::V*>(b_s + (blk * K + b) * kTileN + c0);
-            const uint32_t ab = Wd::abs(abs_s + blk * kTileN + c0);
-            uint32_t bf[NS][4];  // [n8 sub-tile][b0, b1 of k16 #0, b0, b1 of k16 #1]
-#pragma unroll
-            for (int s = 0; s < NS; ++s) {
-                uint32_t p[K];
-#pragma unroll
-                for (int b = 0; b < K; ++b) p[b] = Wd::at(pw[b], s);
-                const float sc = decode_e4m4_fast((ab >> (8 * s)) & 0xFFu);
+    // Outer loop: one segment (this CTA's units of one row tile) per pass; the inner loop is the
+    // pipelined main loop alone, so the accumulators keep fixed registers around its back edge
+    // (with the epilogue inside one loop the allocator moved them with ~2 moves per HMMA).
+    for (int u = u0; u < u1;) {
+        const int seg_end = min(u1, (rt + 1) * nst);
+        for (; u < seg_end; ++u) {
+            const int itn = u - u0;
+            cp_async_wait<kMmaStages - 2>();
+            __syncthreads();
+            {
+                const int nxt = u + kMmaStages - 1;
+                if (nxt < u1) load_stage((itn + kMmaStages - 1) % kMmaStages);
+                cp_async_commit();
+            }
+            const unsigned char* base = stages + (itn % kMmaStages) * S::kStageBytes;
+            const uint32_t* b_s = reinterpret_cast<const uint32_t*>(base) + tw_w * kMmaBK * K * kTileN;
+            const uint32_t a_base = smem_u32(base + S::kBWords * 4);
+            const uint8_t* abs_s = base + S::kBWords * 4 + S::kABytes + tw_w * kMmaBK * kTileN;
+            const int c0 = wbase + NS * col8;  // column in the layout tile
+    #pragma unroll
+            for (int blk = 0; blk < kMmaBK; ++blk) {
+                using Wd = Words<NS>;
+                typename Wd::V pw[K];
+    #pragma unroll
+                for (int b = 0; b < K; ++b)
+                    pw[b] = *reinterpret_cast<const typename Wd::V*>(b_s + (blk * K + b) * kTileN + c0);
+                const uint32_t ab = Wd::abs(abs_s + blk * kTileN + c0);
                 if constexpr (S::kLut) {
-                    const uint32_t gw = group_word<K>(p, g);
-                    const uint32_t s2 = pack2<T>(sc, sc);
-                    bf[s][0] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + lut_off<0>(gw, g, lane4)), s2);
-                    bf[s][1] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + lut_off<1>(gw, g, lane4)), s2);
-                    bf[s][2] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + lut_off<2>(gw, g, lane4)), s2);
-                    bf[s][3] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + lut_off<3>(gw, g, lane4)), s2);
+                    // Group words and scales first; each k16 half's B registers only when its MMAs run
+                    // (8 fewer live registers at NS = 4: at the 128-register cap the allocator was
+                    // shuffling accumulators with ~2 moves per HMMA).
+                    uint32_t gw[NS], s2[NS];
+    #pragma unroll
+                    for (int s = 0; s < NS; ++s) {
+                        uint32_t p[K];
+    #pragma unroll
+                        for (int b = 0; b < K; ++b) p[b] = Wd::at(pw[b], s);
+                        const float sc = decode_e4m4_fast((ab >> (8 * s)) & 0xFFu);
+                        gw[s] = group_word<K>(p, g);
+                        s2[s] = pack2<T>(sc, sc);
+                    }
+    #pragma unroll
+                    for (int kk = 0; kk < 2; ++kk) {
+                        uint32_t bf[NS][2];  // b0, b1 of k16 half kk
+    #pragma unroll
+                        for (int s = 0; s < NS; ++s) {
+                            const uint32_t o0 = kk == 0 ? lut_off<0>(gw[s], g, lane4) : lut_off<2>(gw[s], g, lane4);
+                            const uint32_t o1 = kk == 0 ? lut_off<1>(gw[s], g, lane4) : lut_off<3>(gw[s], g, lane4);
+                            bf[s][0] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + o0), s2[s]);
+                            bf[s][1] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + o1), s2[s]);
+                        }
+    #pragma unroll
+                        for (int i = 0; i < MB; ++i) {
+                            const int r = i * 16 + (lane & 15);
+                            const int ch = blk * 4 + kk * 2 + (lane >> 4);
+                            uint32_t af[4];
+                            ldmatrix_x4(af, a_base + r * 128 + ((ch ^ (r & 7)) << 4));
+    #pragma unroll
+                            for (int s = 0; s < NS; ++s) mma16816<T>(acc[i][s], af, bf[s][0], bf[s][1]);
+                        }
+                    }
                 } else {
-                    float v[8];
-                    decode_group<K>(p, g, cbl, v);
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) bf[s][q] = pack2<T>(v[2 * q] * sc, v[2 * q + 1] * sc);
-                }
-            }
-#pragma unroll
-            for (int kk = 0; kk < 2; ++kk) {
-#pragma unroll
-                for (int i = 0; i < MB; ++i) {
-                    const int r = i * 16 + (lane & 15);
-                    const int ch = blk * 4 + kk * 2 + (lane >> 4);
-                    uint32_t af[4];
-                    ldmatrix_x4(af, a_base + r * 128 + ((ch ^ (r & 7)) << 4));
-#pragma unroll
-                    for (int s = 0; s < NS; ++s) mma16816<T>(acc[i][s], af, bf[s][2 * kk], bf[s][2 * kk + 1]);
+                    uint32_t bf[NS][4];  // [n8 sub-tile][b0, b1 of k16 #0, b0, b1 of k16 #1]
+    #pragma unroll
+                    for (int s = 0; s < NS; ++s) {
+                        uint32_t p[K];
+    #pragma unroll
+                        for (int b = 0; b < K; ++b) p[b] = Wd::at(pw[b], s);
+                        const float sc = decode_e4m4_fast((ab >> (8 * s)) & 0xFFu);
+                        float v[8];
+                        decode_group<K>(p, g, cbl, v);
+    #pragma unroll
+                        for (int q = 0; q < 4; ++q) bf[s][q] = pack2<T>(v[2 * q] * sc, v[2 * q + 1] * sc);
+                    }
+    #pragma unroll
+                    for (int kk = 0; kk < 2; ++kk) {
+    #pragma unroll
+                        for (int i = 0; i < MB; ++i) {
+                            const int r = i * 16 + (lane & 15);
+                            const int ch = blk * 4 + kk * 2 + (lane >> 4);
+                            uint32_t af[4];
+                            ldmatrix_x4(af, a_base + r * 128 + ((ch ^ (r & 7)) << 4));
+    #pragma unroll
+                            for (int s = 0; s < NS; ++s) mma16816<T>(acc[i][s], af, bf[s][2 * kk], bf[s][2 * kk + 1]);
+                        }
+                    }
                 }
             }
         }
-        const int st = u - rt * nst;
-        if (st != nst - 1 && u + 1 != u1) continue;
+        const int st = u - 1 - rt * nst;  // stage of the segment's last unit
 
         // End of this CTA's segment of row tile rt. Fragment (i, s, q): row 16i + lane/4 + 8(q>>1),
         // column lcol + NS*(2g + (q&1)) - NS*col8 + s of the row tile: for fixed (i, q), NS adjacent columns.
