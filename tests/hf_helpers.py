@@ -88,6 +88,18 @@ def write_awq_checkpoint(src: str, dst: str, group_size: int = 64,
     return dense
 
 
+def assert_same_checkpoint(a: str, b: str) -> None:
+    """Two folders hold the same model.safetensors (names, dtypes, bits) and quantization_config."""
+    from safetensors.torch import load_file
+
+    ta, tb = load_file(os.path.join(a, "model.safetensors")), load_file(os.path.join(b, "model.safetensors"))
+    assert ta.keys() == tb.keys(), sorted(ta.keys() ^ tb.keys())[:8]
+    differ = [k for k in ta if ta[k].dtype != tb[k].dtype or not torch.equal(ta[k], tb[k])]
+    assert not differ, differ[:8]
+    with open(os.path.join(a, "config.json")) as fa, open(os.path.join(b, "config.json")) as fb:
+        assert json.load(fa)["quantization_config"] == json.load(fb)["quantization_config"]
+
+
 def _randomize_and_save(model: torch.nn.Module, path: str) -> str:
     """Redraw every matrix from N(0, 0.08), then save the folder (shared by the tiny MoE builders)."""
     with torch.no_grad():

@@ -113,6 +113,12 @@ def _resolved_skips(quantizer: HfQuantizer, model: nn.Module, requested: list[st
     return sorted(set(skip))
 
 
+def _awq_scales_dtype(index: dict[str, tuple[str, list[int], str]]) -> torch.dtype:
+    """The checkpoint's scales dtype, so scales load and save unchanged; fp32 (lossless) if unknown or mixed."""
+    found = {_ST_DTYPES.get(dt) for name, (dt, _, _) in index.items() if name.endswith(".scales")}
+    return found.pop() if len(found) == 1 and found <= set(_FLOAT_DTYPES) else torch.float32
+
+
 def _log_experts_left(model: nn.Module, method: str, skip: list[str] | None = None) -> None:
     """Fused 3-D expert modules left in the model dtype: explicitly skipped, or a layout we do not handle."""
     experts = [n for n, m in model.named_modules() if has_fused_experts(m) and not isinstance(m, KbitExperts)]
@@ -392,6 +398,7 @@ class AwqOrinHfQuantizer(_WeightOnlyQuantizer):
         dtype = self.dtype or model.dtype
         targets = _linears_to_convert(model, skip)
         index = _checkpoint_index(kwargs.get("checkpoint_files"))
+        scales_dtype = _awq_scales_dtype(index)
         g = qc.group_size
         for name, lin in targets:
             if lin.in_features % g or lin.out_features % 8:
@@ -399,12 +406,11 @@ class AwqOrinHfQuantizer(_WeightOnlyQuantizer):
             groups, packs = lin.in_features // g, lin.out_features // 8
             check_checkpoint_tensor(index, f"{name}.qweight", (torch.int32,), [lin.in_features, packs], "awq_orin")
             check_checkpoint_tensor(index, f"{name}.qzeros", (torch.int32,), [groups, packs], "awq_orin")
-            check_checkpoint_tensor(index, f"{name}.scales", (torch.float16, torch.bfloat16, torch.float32),
-                                    [groups, lin.out_features], "awq_orin")
+            check_checkpoint_tensor(index, f"{name}.scales", _FLOAT_DTYPES, [groups, lin.out_features], "awq_orin")
         for name, lin in targets:
             with torch.device("meta"):
                 new = AwqOrinLinear(lin.in_features, lin.out_features, lin.bias is not None, qc.group_size, dtype,
-                                    layer_name=name)
+                                    layer_name=name, scales_dtype=scales_dtype)
             model.set_submodule(name, new)
         logger.info("awq_orin: loading %d AWQ int4 linear layers (group %d)", len(targets), qc.group_size)
         _log_experts_left(model, "awq_orin")
@@ -422,9 +428,8 @@ class AwqOrinHfQuantizer(_WeightOnlyQuantizer):
         return model
 
     def is_serializable(self, *args: Any, **kwargs: Any) -> bool:
-        logger.warning("awq_orin: models hold a device-specific resident layout and are not re-saved; "
-                       "keep the original AWQ checkpoint")
-        return False
+        """Layers save the AutoAWQ tensors they loaded (read back from the resident layout)."""
+        return True
 
 
 
