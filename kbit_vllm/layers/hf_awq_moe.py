@@ -42,7 +42,7 @@ class AwqOrinExperts(FusedExperts):
     METHOD = "awq_orin"
 
     def __init__(self, num_experts: int, hidden_dim: int, intermediate_dim: int, group_size: int,
-                 act_fn: Callable[[torch.Tensor], torch.Tensor], scales_dtype: torch.dtype = torch.float16,
+                 act_fn: Callable[[torch.Tensor], torch.Tensor], scales_dtype: torch.dtype = torch.float32,
                  layer_name: str = "") -> None:
         # group_size is a multiple of 8, so whole groups also give whole int32 packs of 8 outputs
         super().__init__(num_experts, hidden_dim, intermediate_dim, act_fn, group_size, layer_name)
