@@ -140,6 +140,13 @@ def check_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
     _same_device(op, qweight=qweight, qzeros=qzeros, scales=scales)
 
 
+def check_awq_unrepack(wq: torch.Tensor, in_features: int, out_features: int, op: str = "awq_unrepack") -> None:
+    require(in_features > 0 and out_features > 0 and out_features % 8 == 0, op,
+            f"needs in_features > 0 and out_features a positive multiple of 8, got [{in_features}, {out_features}]")
+    _dtype(wq, (torch.int32, torch.uint8), op, "wq")
+    require(wq.dim() == 2, op, f"wq must be 2-D (one layer's awq_repack output), got {list(wq.shape)}")
+
+
 def check_awq_linear(x: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, bias: torch.Tensor | None,
                      group_size: int, out_features: int, op: str = "awq_linear") -> None:
     """Resident AWQ layout: sz is [in/group_size, out, 2] (scale, offset) in x's dtype."""

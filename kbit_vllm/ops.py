@@ -34,6 +34,7 @@ _SCHEMAS = {
     "awq_dequantize": "(Tensor qweight, Tensor qzeros, Tensor scales, int group_size) -> Tensor",
     "awq_repack": "(Tensor qweight, Tensor qzeros, Tensor scales, int group_size, ScalarType dtype) "
     "-> (Tensor, Tensor)",
+    "awq_unrepack": "(Tensor wq, int in_features, int out_features) -> Tensor",
     "awq_linear": "(Tensor x, Tensor wq, Tensor sz, Tensor? bias, int group_size, int out_features) -> Tensor",
     "awq_grouped_linear": "(Tensor x, Tensor wq, Tensor sz, Tensor expert_offsets, int group_size, "
     "int out_features) -> Tensor",
@@ -106,6 +107,12 @@ def _(qweight, qzeros, scales, group_size, dtype):
     return qweight.new_empty(wq_shape, dtype=wq_dtype), sz
 
 
+@_fake("awq_unrepack")
+def _(wq, in_features, out_features):
+    C.check_awq_unrepack(wq, in_features, out_features)
+    return wq.new_empty((in_features, out_features // 8), dtype=torch.int32)
+
+
 @_fake("awq_linear")
 def _(x, wq, sz, bias, group_size, out_features):
     C.check_awq_linear(x, wq, sz, bias, group_size, out_features)
@@ -168,6 +175,12 @@ def awq_repack(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor
                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """AutoAWQ tensors -> this device's resident layout (wq, scales_and_offsets in dtype)."""
     return _ops.awq_repack(qweight, qzeros, scales, group_size, dtype)
+
+
+def awq_unrepack(wq: torch.Tensor, in_features: int, out_features: int) -> torch.Tensor:
+    """Resident wq from awq_repack -> the AutoAWQ qweight int32 [in, out/8] it was built from, bit-exact
+    (for saving; qzeros and scales are not part of wq)."""
+    return _ops.awq_unrepack(wq, in_features, out_features)
 
 
 def awq_linear(x: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, bias: torch.Tensor | None,

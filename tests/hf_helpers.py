@@ -61,7 +61,10 @@ def replace_linear_weights(model: nn.Module, weights: dict[str, torch.Tensor]) -
 
 def write_awq_checkpoint(src: str, dst: str, group_size: int = 64,
                          skip: tuple[str, ...] = ("lm_head",)) -> dict[str, torch.Tensor]:
-    """AutoAWQ-style "gemm" checkpoint of the model at src (RTN int4); returns the dequantized weights."""
+    """AutoAWQ-style "gemm" checkpoint of the model at src (RTN int4); returns the dequantized weights
+    {checkpoint module name: W [out, in] fp32}. MoE experts are quantized per expert under the
+    checkpoint's per-expert names; routers (`...gate`, `...router`) stay float, as AutoAWQ keeps them,
+    and so do the modules named in skip and everything under them."""
     from safetensors.torch import load_file
 
     from kbit_vllm.formats import dequantize_awq, quantize_awq_rtn
@@ -72,7 +75,9 @@ def write_awq_checkpoint(src: str, dst: str, group_size: int = 64,
     dense: dict[str, torch.Tensor] = {}
     for key, t in sd.items():
         mod = key.rsplit(".", 1)[0]
-        if key.endswith(".weight") and t.dim() == 2 and "embed" not in key and mod not in skip:
+        router = mod.rsplit(".", 1)[-1] in ("gate", "router")
+        skipped = any(mod == s or mod.startswith(s + ".") for s in skip)
+        if key.endswith(".weight") and t.dim() == 2 and "embed" not in key and not skipped and not router:
             qweight, qzeros, scales = quantize_awq_rtn(t, group_size)
             out[mod + ".qweight"], out[mod + ".qzeros"], out[mod + ".scales"] = qweight, qzeros, scales
             dense[mod] = dequantize_awq(qweight, qzeros, scales, group_size, torch.float32)
@@ -88,6 +93,33 @@ def write_awq_checkpoint(src: str, dst: str, group_size: int = 64,
     return dense
 
 
+def assert_same_checkpoint(a: str, b: str) -> None:
+    """Two folders hold the same model.safetensors (names, dtypes, bits) and quantization_config."""
+    from safetensors.torch import load_file
+
+    ta, tb = load_file(os.path.join(a, "model.safetensors")), load_file(os.path.join(b, "model.safetensors"))
+    assert ta.keys() == tb.keys(), sorted(ta.keys() ^ tb.keys())[:8]
+    differ = [k for k in ta if ta[k].dtype != tb[k].dtype or not torch.equal(ta[k], tb[k])]
+    assert not differ, differ[:8]
+    with open(os.path.join(a, "config.json")) as fa, open(os.path.join(b, "config.json")) as fb:
+        assert json.load(fa)["quantization_config"] == json.load(fb)["quantization_config"]
+
+
+def save_with_weights(src: str, dst: str, weights: dict[str, torch.Tensor]) -> str:
+    """A copy of the float folder at src with `<module>.weight` replaced by weights[module] (checkpoint
+    names, e.g. write_awq_checkpoint's dequantized weights): the reference model for a quantized one."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    shutil.copytree(src, dst)
+    sd = load_file(os.path.join(src, "model.safetensors"))
+    for mod, w in weights.items():
+        sd[mod + ".weight"] = w.to(sd[mod + ".weight"].dtype).contiguous()
+    save_file(sd, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
 def _randomize_and_save(model: torch.nn.Module, path: str) -> str:
     """Redraw every matrix from N(0, 0.08), then save the folder (shared by the tiny MoE builders)."""
     with torch.no_grad():
@@ -98,12 +130,12 @@ def _randomize_and_save(model: torch.nn.Module, path: str) -> str:
     return path
 
 
-def save_tiny_mixtral(path: str, seed: int = 0, intermediate: int = INTER) -> str:
+def save_tiny_mixtral(path: str, seed: int = 0, intermediate: int = INTER, hidden: int = HIDDEN) -> str:
     """Random-init tiny Mixtral (4 experts, top-2): transformers 5.x fuses experts into 3-D params."""
     from transformers import MixtralConfig, MixtralForCausalLM
 
     torch.manual_seed(seed)
-    cfg = MixtralConfig(hidden_size=HIDDEN, intermediate_size=intermediate, num_hidden_layers=2, num_attention_heads=4,
+    cfg = MixtralConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=2, num_attention_heads=4,
                         num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64, num_local_experts=4,
                         num_experts_per_tok=2, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
                         pad_token_id=0)

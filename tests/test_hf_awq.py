@@ -8,7 +8,14 @@ from torch import nn
 
 pytest.importorskip("transformers")
 
-from hf_helpers import logits, replace_linear_weights, save_tiny_llama, tokens, write_awq_checkpoint  # noqa: E402
+from hf_helpers import (  # noqa: E402
+    assert_same_checkpoint,
+    logits,
+    replace_linear_weights,
+    save_tiny_llama,
+    tokens,
+    write_awq_checkpoint,
+)
 from transformers import AutoModelForCausalLM  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
@@ -113,9 +120,15 @@ def test_other_configs_unaffected(base, tmp_path):
         AutoModelForCausalLM.from_pretrained(ckpt, quantization_config=GPTQConfig(bits=4))
 
 
-def test_awq_orin_model_is_not_resaved(base, tmp_path):
+def test_awq_orin_model_resaves_the_checkpoint(base, tmp_path):
+    """save_pretrained writes the AutoAWQ checkpoint back (qweight read back from the resident layout):
+    the same tensors bit for bit and quant_method "awq"; it reloads to the same model."""
     ckpt = str(tmp_path / "awq")
     write_awq_checkpoint(base, ckpt, 64)
     model = AutoModelForCausalLM.from_pretrained(ckpt, quantization_config=AwqOrinConfig())
-    with pytest.raises(ValueError, match="not serializable"):
-        model.save_pretrained(str(tmp_path / "resaved"))
+    out = str(tmp_path / "resaved")
+    model.save_pretrained(out)
+    assert_same_checkpoint(ckpt, out)
+    reloaded = AutoModelForCausalLM.from_pretrained(out, quantization_config=AwqOrinConfig())
+    ids = tokens()
+    assert torch.equal(logits(reloaded, ids), logits(model, ids))

@@ -55,7 +55,7 @@ def test_experts_quantize_save_reload(tmp_path, maker, bits: int, expert_names: 
     base = maker(str(tmp_path / "base"))
     model = AutoModelForCausalLM.from_pretrained(base, quantization_config=KbitConfig(bits=bits))
     experts = {n: m for n, m in model.named_modules() if isinstance(m, KbitExperts)}
-    assert len(experts) == 2 and all(m.tiled and m.bits == bits for m in experts.values())
+    assert len(experts) == 2 and all(m.resident and m.bits == bits for m in experts.values())
     assert not any(p.dim() == 3 and p.is_floating_point() for p in model.parameters())  # no float experts left
 
     ids = tokens()

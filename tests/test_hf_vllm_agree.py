@@ -59,3 +59,24 @@ def test_hf_saved_moe_folder_served_by_vllm(tmp_path: Path, kind: str, bits: int
 
     got = H.run_llm(saved, quantization="kbit", dtype="bfloat16")
     H.assert_matches_hf(saved, got, LOGPROB_TOL, model=model)
+
+
+def test_hf_resaved_awq_moe_folder_served_by_vllm(tmp_path: Path) -> None:
+    """An AutoAWQ Mixtral checkpoint loaded by HF with AwqOrinConfig (AwqOrinExperts) and saved again is
+    served by vLLM with quantization="awq_orin" (AwqOrinMoEMethod) with the HF model's outputs."""
+    from hf_helpers import save_tiny_mixtral, write_awq_checkpoint
+    from transformers import AutoModelForCausalLM
+
+    from kbit_vllm import AwqOrinConfig
+    from kbit_vllm.layers.hf_awq_moe import AwqOrinExperts
+
+    awq = tmp_path / "awq"
+    write_awq_checkpoint(save_tiny_mixtral(str(tmp_path / "base"), hidden=128), str(awq), 64)
+    model = AutoModelForCausalLM.from_pretrained(str(awq), quantization_config=AwqOrinConfig(), dtype=torch.float16)
+    assert sum(isinstance(m, AwqOrinExperts) for m in model.modules()) == 2
+    saved = tmp_path / "awq_hf"
+    model.save_pretrained(str(saved))
+    H.write_tokenizer(saved)
+
+    got = H.run_llm(saved, quantization="awq_orin", dtype="float16", max_model_len=64)  # the tiny model's positions
+    H.assert_matches_hf(saved, got, LOGPROB_TOL, model=model)

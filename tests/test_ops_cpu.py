@@ -133,6 +133,23 @@ def test_awq_linear(gs: int, dtype: torch.dtype, out_f: int, gen: torch.Generato
     assert _rel(y, ref) < 2 * TOL[dtype] + (2e-3 if dtype != torch.float32 else 2e-4)
 
 
+@pytest.mark.parametrize(("out_f", "in_f"), [(64, 384), (208, 128), (40, 64)])  # 40: wq stays the qweight
+def test_awq_unrepack_reads_qweight_back(out_f: int, in_f: int, gen: torch.Generator) -> None:
+    """Every resident layout (this CPU's int4pack tile order, the reference, the CUDA transpose) gives the
+    AutoAWQ qweight back bit-exactly, so a loaded model can be saved."""
+    from kbit_vllm.backends import reference
+    from kbit_vllm.backends.cuda import awq_ops
+
+    qw, qz, s = quantize_awq_rtn(torch.randn(out_f, in_f, generator=gen), 32)
+    for repack, unrepack in ((ops.awq_repack, ops.awq_unrepack), (reference.awq_repack, reference.awq_unrepack),
+                             (awq_ops.awq_repack, awq_ops.awq_unrepack)):
+        wq, _ = repack(qw, qz, s, 32, torch.bfloat16)
+        back = unrepack(wq, in_f, out_f)
+        assert back.dtype == torch.int32 and torch.equal(back, qw)
+    with pytest.raises(ValueError, match=r"awq_unrepack: .*must be"):
+        ops.awq_unrepack(ops.awq_repack(qw, qz, s, 32, torch.float32)[0], in_f, out_f + 8)
+
+
 def test_torch_compile_fullgraph(gen: torch.Generator) -> None:
     k, out_f, in_f = 3, 130, 64
     cb = normal_float_codebook(k)

@@ -18,12 +18,12 @@ from .cuda import ops as cuda_ops
 
 _REFERENCE_OPS = (
     "kbit_quantize", "kbit_dequantize", "kbit_repack", "kbit_unrepack", "kbit_linear",
-    "kbit_grouped_linear", "awq_dequantize", "awq_repack", "awq_linear",
+    "kbit_grouped_linear", "awq_dequantize", "awq_repack", "awq_unrepack", "awq_linear",
     "awq_grouped_linear",
 )
 _CUDA_KERNEL_OPS = ("kbit_quantize", "kbit_dequantize", "kbit_repack", "kbit_unrepack", "kbit_linear",
                     "kbit_grouped_linear")
-_CUDA_AWQ_OPS = ("awq_repack", "awq_linear", "awq_grouped_linear")
+_CUDA_AWQ_OPS = ("awq_repack", "awq_unrepack", "awq_linear", "awq_grouped_linear")
 
 _registered = False
 _LIB = torch.library.Library("kbit_vllm", "IMPL")

@@ -89,6 +89,15 @@ def awq_repack(qweight, qzeros, scales, group_size, dtype):
     return qweight.clone(), awq_scales_and_offsets(qzeros, scales, dtype)
 
 
+def awq_unrepack(wq, in_features, out_features):
+    """The reference resident wq is the qweight itself."""
+    C.check_awq_unrepack(wq, in_features, out_features)
+    C.require(wq.dtype == torch.int32 and tuple(wq.shape) == (in_features, out_features // 8), "awq_unrepack",
+              f"wq must be the AWQ qweight int32 [{in_features}, {out_features // 8}] here, got "
+              f"{wq.dtype} {list(wq.shape)}")
+    return wq.clone()
+
+
 def awq_linear(x, wq, sz, bias, group_size, out_features):
     """wq is the AWQ qweight int32 [in, out/8] (reference resident layout)."""
     C.check_awq_linear(x, wq, sz, bias, group_size, out_features)

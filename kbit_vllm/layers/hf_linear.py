@@ -8,8 +8,9 @@ Each module goes through two states:
 * resident: after loading, ``repack_()`` turns them into the layout the kernels read, once,
   and frees the serialized copy (one copy of the weights in memory).
 
-A resident KbitLinear still saves the serialized format: ``_save_to_state_dict`` unrepacks on
-the fly, so ``save_pretrained`` writes portable tensors the vLLM loader reads.
+A resident layer still saves the serialized format: ``_save_to_state_dict`` unrepacks on the
+fly, so ``save_pretrained`` writes portable tensors the vLLM loader reads (kbit) or the
+AutoAWQ checkpoint's own tensors (awq_orin).
 They call only kbit_vllm.ops.
 """
 
@@ -24,7 +25,6 @@ from .. import ops
 from ..formats import BLOCK, SUPPORTED_BITS
 
 KBIT_SERIALIZED = ("weight_packed", "weight_absmax", "codebook")
-AWQ_SERIALIZED = ("qweight", "qzeros", "scales")
 
 
 def _frozen(t: torch.Tensor) -> nn.Parameter:
@@ -144,13 +144,16 @@ class AwqOrinLinear(nn.Module):
     """y = x @ W^T + b for an AutoAWQ "gemm" int4 layer, on kbit_vllm::awq_linear.
 
     Load placeholders match AutoAWQ checkpoints: ``qweight`` int32 [in, out/8], ``qzeros`` int32
-    [in/g, out/8], ``scales`` [in/g, out] held in fp32 (any fp16/bf16 checkpoint scale is cast
-    losslessly), ``bias``. ``repack_(dtype)`` builds the device's resident layout (``wq``,
-    ``sz`` in the activation dtype) and drops the AWQ tensors.
+    [in/g, out/8], ``scales`` [in/g, out] in ``scales_dtype`` (the checkpoint's, so they load and
+    save unchanged), ``bias``. ``repack_(dtype)`` builds the device's resident layout (``wq``,
+    ``sz`` in the activation dtype; non-persistent buffers) and drops ``qweight``; the state dict
+    (what save_pretrained writes) reads it back from ``wq`` with awq_unrepack, so a resident
+    layer still saves the AutoAWQ tensors bit-exactly.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool, group_size: int,
-                 dtype: torch.dtype = torch.float16, layer_name: str = "") -> None:
+                 dtype: torch.dtype = torch.float16, layer_name: str = "",
+                 scales_dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         if in_features % group_size != 0 or out_features % 8 != 0:
             raise ValueError(
@@ -165,21 +168,26 @@ class AwqOrinLinear(nn.Module):
         g = in_features // group_size
         self.qweight = _frozen(torch.empty(in_features, out_features // 8, dtype=torch.int32))
         self.qzeros = _frozen(torch.empty(g, out_features // 8, dtype=torch.int32))
-        self.scales = _frozen(torch.empty(g, out_features, dtype=torch.float32))
+        self.scales = _frozen(torch.empty(g, out_features, dtype=scales_dtype))
         self.bias = _frozen(torch.empty(out_features, dtype=dtype)) if bias else None
 
     def repack_(self, dtype: torch.dtype) -> None:
-        """AWQ tensors -> resident layout (awq_repack) in activation dtype, freeing the AWQ copy."""
+        """AWQ tensors -> resident layout (awq_repack) in activation dtype, freeing qweight."""
         if self.resident:
             return
         wq, sz = ops.awq_repack(self.qweight.data, self.qzeros.data, self.scales.data, self.group_size, dtype)
-        for n in AWQ_SERIALIZED:
-            del self._parameters[n]
-        self.wq = _frozen(wq)
-        self.sz = _frozen(sz)
+        del self._parameters["qweight"]
+        self.register_buffer("wq", wq, persistent=False)
+        self.register_buffer("sz", sz, persistent=False)
         if self.bias is not None:
             self.bias = _frozen(self.bias.data.to(dtype))
         self.resident = True
+
+    def _save_to_state_dict(self, destination: dict[str, Any], prefix: str, keep_vars: bool) -> None:
+        """The AutoAWQ tensors, whatever the layout."""
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self.resident:
+            destination[prefix + "qweight"] = ops.awq_unrepack(self.wq, self.in_features, self.out_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.resident:

@@ -1,4 +1,5 @@
-"""Hugging Face replacement for transformers 5.x fused MoE experts: KbitExperts.
+"""Hugging Face replacement for transformers 5.x fused MoE experts: KbitExperts (and the
+FusedExperts base that hf_awq_moe.AwqOrinExperts shares).
 
 transformers 5.x keeps a MoE layer's experts as one module with 3-D parameters
 ``gate_up_proj [E, 2I, H]`` (gate rows, then up rows) and ``down_proj [E, H, I]`` (Mixtral,
@@ -37,6 +38,7 @@ from torch import nn
 
 from ..formats import BLOCK, SUPPORTED_BITS
 from .moe_compute import (
+    GroupedLinear,
     check_expert_dims,
     kbit_grouped,
     kbit_quantize_experts,
@@ -80,22 +82,72 @@ def has_fused_experts(module: nn.Module) -> bool:
     return any(p.dim() == 3 for p in module.parameters(recurse=False))
 
 
-class KbitExperts(nn.Module):
+class FusedExperts(nn.Module):
+    """What KbitExperts and AwqOrinExperts share: the dims, transformers 5.x's experts call
+    ``(hidden [T, H], top_k_index [T, K], top_k_weights [T, K]) -> [T, H]`` on
+    moe_compute.moe_forward, and saving the serialized format while resident.
+
+    Subclasses hold their tensors and supply ``_grouped(proj)`` (a GroupedLinear over the resident
+    layout) and ``_serialized_state(proj)`` (the serialized tensors that the resident layout
+    replaced, by suffix, for the state dict).
+    """
+
+    METHOD = ""
+
+    def __init__(self, num_experts: int, hidden_dim: int, intermediate_dim: int,
+                 act_fn: Callable[[torch.Tensor], torch.Tensor], block: int, layer_name: str = "") -> None:
+        super().__init__()
+        check_expert_dims(layer_name or "<unnamed>", self.METHOD, hidden_dim, intermediate_dim, block,
+                          "intermediate size")
+        self.num_experts, self.hidden_dim, self.intermediate_dim = num_experts, hidden_dim, intermediate_dim
+        self.act_fn = act_fn
+        self.layer_name = layer_name
+        self.resident = False
+
+    def _shapes(self) -> dict[str, tuple[int, int]]:
+        """(out, in) of one expert's matrix per projection."""
+        return {"gate_up_proj": (2 * self.intermediate_dim, self.hidden_dim),
+                "down_proj": (self.hidden_dim, self.intermediate_dim)}
+
+    def _grouped(self, proj: str) -> GroupedLinear:
+        raise NotImplementedError
+
+    def _serialized_state(self, proj: str) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        if not self.resident:
+            raise RuntimeError(f"{type(self).__name__} '{self.layer_name}': weights not repacked yet (call repack_())")
+        # Expert ids outside [0, E) (transformers' expert-parallel sentinels) get weight 0.
+        return moe_forward(hidden_states, top_k_weights, top_k_index, self.num_experts, self._grouped("gate_up_proj"),
+                           self._grouped("down_proj"), self.act_fn, mask_foreign=True)
+
+    def _save_to_state_dict(self, destination: dict[str, Any], prefix: str, keep_vars: bool) -> None:
+        """Always save the serialized (portable, TP-shardable) format, never the resident one."""
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self.resident:
+            for proj in EXPERT_PROJS:
+                for suffix, t in self._serialized_state(proj).items():
+                    destination[prefix + proj + suffix] = t
+
+    def extra_repr(self) -> str:
+        return (f"num_experts={self.num_experts}, hidden_dim={self.hidden_dim}, "
+                f"intermediate_dim={self.intermediate_dim}, resident={self.resident}")
+
+
+class KbitExperts(FusedExperts):
     """A MoE layer's experts as k-bit codebook weights (see the module docstring for tensors)."""
+
+    METHOD = "kbit"
 
     def __init__(self, num_experts: int, hidden_dim: int, intermediate_dim: int, bits: int,
                  act_fn: Callable[[torch.Tensor], torch.Tensor], dtype: torch.dtype = torch.bfloat16,
                  quantize_on_load: bool = False, layer_name: str = "") -> None:
-        super().__init__()
         if bits not in SUPPORTED_BITS:
             raise ValueError(f"kbit: bits must be one of {SUPPORTED_BITS}, got {bits!r}")
-        check_expert_dims(layer_name or "<unnamed>", "kbit", hidden_dim, intermediate_dim, BLOCK,
-                          "intermediate size")
-        self.num_experts, self.hidden_dim, self.intermediate_dim = num_experts, hidden_dim, intermediate_dim
+        super().__init__(num_experts, hidden_dim, intermediate_dim, act_fn, BLOCK, layer_name)
         self.bits = bits
-        self.act_fn = act_fn
-        self.layer_name = layer_name
-        self.tiled = False
         for name, (out_f, in_f) in self._shapes().items():
             if quantize_on_load:
                 setattr(self, name, _frozen(torch.empty(num_experts, out_f, in_f, dtype=dtype)))
@@ -103,10 +155,6 @@ class KbitExperts(nn.Module):
                     _frozen(torch.empty(num_experts, out_f, in_f // BLOCK * bits, dtype=torch.int32)))
             setattr(self, name + "_absmax", _frozen(torch.empty(num_experts, out_f, in_f // BLOCK, dtype=torch.uint8)))
         self.register_buffer("codebook", torch.empty(1 << bits, dtype=torch.float32), persistent=False)
-
-    def _shapes(self) -> dict[str, tuple[int, int]]:
-        return {"gate_up_proj": (2 * self.intermediate_dim, self.hidden_dim),
-                "down_proj": (self.hidden_dim, self.intermediate_dim)}
 
     @classmethod
     def from_experts(cls, experts: nn.Module, bits: int, codebook: torch.Tensor, name: str = "") -> KbitExperts:
@@ -129,7 +177,7 @@ class KbitExperts(nn.Module):
     def repack_(self, codebook: torch.Tensor) -> None:
         """Serialized -> resident tiled layout per expert; drops float placeholders; sets the codebook."""
         self.codebook = codebook.to(self.gate_up_proj_packed.device, torch.float32).clone()
-        if self.tiled:
+        if self.resident:
             return
         for proj in EXPERT_PROJS:
             self._parameters.pop(proj, None)
@@ -137,14 +185,17 @@ class KbitExperts(nn.Module):
                                                      getattr(self, proj + "_absmax").data, self.bits)
             setattr(self, proj + "_packed", _frozen(packed_t))
             setattr(self, proj + "_absmax", _frozen(absmax_t))
-        self.tiled = True
+        self.resident = True
 
     def serialized(self, proj: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(packed [E, out, in/32*k], absmax [E, out, in/32]) of one projection, whatever the layout."""
         packed, absmax = getattr(self, proj + "_packed").data, getattr(self, proj + "_absmax").data
-        if not self.tiled:
+        if not self.resident:
             return packed, absmax
         return kbit_unrepack_experts(packed, absmax, self.bits, self._shapes()[proj][0])
+
+    def _serialized_state(self, proj: str) -> dict[str, torch.Tensor]:
+        return dict(zip(KBIT_EXPERT_SUFFIXES, self.serialized(proj), strict=True))
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
         """Dense {"gate_up_proj": [E, 2I, H], "down_proj": [E, H, I]} (tests, debugging)."""
@@ -157,33 +208,17 @@ class KbitExperts(nn.Module):
                                      for e in range(self.num_experts)])
         return out
 
-    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                top_k_weights: torch.Tensor) -> torch.Tensor:
-        if not self.tiled:
-            raise RuntimeError(f"KbitExperts '{self.layer_name}': weights not repacked yet (call repack_())")
-        k = self.bits
-        w13 = kbit_grouped(self.gate_up_proj_packed, self.gate_up_proj_absmax, self.codebook, k,
-                           2 * self.intermediate_dim)
-        w2 = kbit_grouped(self.down_proj_packed, self.down_proj_absmax, self.codebook, k, self.hidden_dim)
-        # Expert ids outside [0, E) (transformers' expert-parallel sentinels) get weight 0.
-        return moe_forward(hidden_states, top_k_weights, top_k_index, self.num_experts, w13, w2, self.act_fn,
-                           mask_foreign=True)
-
-    def _save_to_state_dict(self, destination: dict[str, Any], prefix: str, keep_vars: bool) -> None:
-        """Always save the serialized (portable, TP-shardable) format, never the tiled one."""
-        super()._save_to_state_dict(destination, prefix, keep_vars)
-        if self.tiled:
-            for proj in EXPERT_PROJS:
-                destination[prefix + proj + "_packed"], destination[prefix + proj + "_absmax"] = self.serialized(proj)
+    def _grouped(self, proj: str) -> GroupedLinear:
+        return kbit_grouped(getattr(self, proj + "_packed"), getattr(self, proj + "_absmax"), self.codebook,
+                            self.bits, self._shapes()[proj][0])
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         """Accept serialized tensors in load_state_dict while resident (repacks them)."""
         for proj in EXPERT_PROJS:
             kp, ka = prefix + proj + "_packed", prefix + proj + "_absmax"
-            if self.tiled and kp in state_dict and ka in state_dict and state_dict[ka].dim() == 3:
+            if self.resident and kp in state_dict and ka in state_dict and state_dict[ka].dim() == 3:
                 state_dict[kp], state_dict[ka] = kbit_repack_experts(state_dict[kp], state_dict[ka], self.bits)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def extra_repr(self) -> str:
-        return (f"num_experts={self.num_experts}, hidden_dim={self.hidden_dim}, "
-                f"intermediate_dim={self.intermediate_dim}, bits={self.bits}, tiled={self.tiled}")
+        return f"{super().extra_repr()}, bits={self.bits}"

@@ -126,3 +126,42 @@ def kbit_grouped(packed_t: torch.Tensor, absmax_t: torch.Tensor, codebook: torch
     """A GroupedLinear over one stacked tiled kbit weight."""
     return lambda rows, offsets: ops.kbit_grouped_linear(rows, packed_t, absmax_t, codebook, offsets, k,
                                                          out_features)
+
+
+def check_expert_scales_finite(scales: torch.Tensor, layer: str, proj: str) -> None:
+    """AWQ scales [E, G, out] of one projection: raise naming the layer, projection and expert on NaN/Inf."""
+    bad = ~torch.isfinite(scales)
+    if bool(bad.any()):
+        e, *where = bad.nonzero()[0].tolist()
+        raise ValueError(f"awq_orin: MoE layer {layer}: checkpoint scales of {proj} (expert {e}) hold NaN or Inf "
+                         f"(first at [group, column] {where}); the checkpoint is corrupt")
+
+
+def awq_repack_experts(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int,
+                       dtype: torch.dtype, layer: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """AutoAWQ tensors stacked over experts [E, ...] -> the stacked resident layout (wq [E, ...], sz [E, G, out, 2])."""
+    wqs, szs = [], []
+    for e in range(qweight.shape[0]):
+        try:
+            wq, sz = ops.awq_repack(qweight[e].contiguous(), qzeros[e].contiguous(), scales[e].contiguous(),
+                                    group_size, dtype)
+        except ValueError as err:
+            raise ValueError(f"awq_orin: MoE layer {layer}, expert {e}: {err}") from err
+        wqs.append(wq)
+        szs.append(sz)
+    return torch.stack(wqs), torch.stack(szs)
+
+
+def awq_unrepack_experts(wq: torch.Tensor, in_features: int, out_features: int) -> torch.Tensor:
+    """Stacked resident wq [E, ...] -> AutoAWQ qweight [E, in, out/8] (for saving)."""
+    return torch.stack([ops.awq_unrepack(wq[e], in_features, out_features) for e in range(wq.shape[0])])
+
+
+def awq_grouped(wq: torch.Tensor, sz: torch.Tensor, group_size: int, out_features: int) -> GroupedLinear:
+    """A GroupedLinear over one stacked resident AWQ weight (sz follows the activation dtype)."""
+
+    def run(rows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        s = sz if sz.dtype == rows.dtype else sz.to(rows.dtype)
+        return ops.awq_grouped_linear(rows, wq, s, offsets, group_size, out_features)
+
+    return run

@@ -34,10 +34,12 @@ from vllm.model_executor.layers.fused_moe import FusedMoEMethodBase
 from vllm.model_executor.utils import set_weight_attrs
 from vllm.platforms import current_platform
 
-from .. import ops
 from ..formats import AWQ_GROUP_SIZES, BLOCK, check_bits
 from .moe_compute import (
+    awq_grouped,
+    awq_repack_experts,
     check_expert_dims,
+    check_expert_scales_finite,
     kbit_grouped,
     kbit_quantize_experts,
     kbit_repack_experts,
@@ -347,36 +349,18 @@ class AwqOrinMoEMethod(_MoEMethodBase):
         dtype = layer.w13_scales.dtype
         for name in ("w13", "w2"):
             qw, qz, sc = (getattr(layer, f"{name}_{n}").data for n in ("qweight", "qzeros", "scales"))
-            bad = ~torch.isfinite(sc)
-            if bool(bad.any()):
-                e, *where = bad.nonzero()[0].tolist()
-                raise ValueError(f"awq_orin: MoE layer {self.prefix}: checkpoint scales of {name} (expert {e}) hold "
-                                 f"NaN or Inf (first at [group, column] {where}); the checkpoint is corrupt")
-            wqs, szs = [], []
-            for e in range(qw.shape[0]):
-                try:
-                    wq, sz = ops.awq_repack(qw[e].contiguous(), qz[e].contiguous(), sc[e].contiguous(),
-                                            self.group_size, dtype)
-                except ValueError as err:
-                    raise ValueError(f"awq_orin: MoE layer {self.prefix}.{name}, expert {e}: {err}") from err
-                wqs.append(wq)
-                szs.append(sz)
+            check_expert_scales_finite(sc, self.prefix, name)
+            wq, sz = awq_repack_experts(qw, qz, sc, self.group_size, dtype, f"{self.prefix}.{name}")
             for n in ("qweight", "qzeros", "scales"):
                 delattr(layer, f"{name}_{n}")
-            _set_param(layer, f"{name}_wq", torch.stack(wqs))
-            _set_param(layer, f"{name}_sz", torch.stack(szs))
+            _set_param(layer, f"{name}_wq", wq)
+            _set_param(layer, f"{name}_sz", sz)
             setattr(layer, f"awq_{name}_out", sc.shape[-1])
         setattr(layer, _DONE, True)
 
     def _grouped(self, layer: torch.nn.Module, name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-        wq, sz, out_f, g = getattr(layer, f"{name}_wq"), getattr(layer, f"{name}_sz"), \
-            getattr(layer, f"awq_{name}_out"), self.group_size
-
-        def run(rows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-            s = sz if sz.dtype == rows.dtype else sz.to(rows.dtype)
-            return ops.awq_grouped_linear(rows, wq, s, offsets, g, out_f)
-
-        return run
+        return awq_grouped(getattr(layer, f"{name}_wq"), getattr(layer, f"{name}_sz"), self.group_size,
+                           getattr(layer, f"awq_{name}_out"))
 
     def _w13(self, layer: torch.nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         return self._grouped(layer, "w13")

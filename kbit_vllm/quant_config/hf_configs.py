@@ -97,8 +97,10 @@ class AwqOrinConfig(QuantizationConfigMixin):
            model = AutoModelForCausalLM.from_pretrained(path, config=config)
 
     Only 4-bit, zero-point, "gemm" checkpoints with group size 32, 64 or 128 are supported.
-    awq_orin models are not re-saved (the resident layout is device-specific); save the
-    original checkpoint instead.
+    MoE experts (transformers 5.x fused experts) load from AutoAWQ per-expert tensors.
+    ``save_pretrained`` writes a standard AutoAWQ checkpoint again: the layers' own AWQ tensors
+    (per expert for MoE) and ``"quant_method": "awq"`` in config.json (``to_dict``), so any AWQ
+    loader reads it; reload it here with ``quantization_config=AwqOrinConfig()`` as before.
     """
 
     def __init__(self, bits: int = 4, group_size: int = 128, zero_point: bool = True, version: str = "gemm",
@@ -144,11 +146,12 @@ class AwqOrinConfig(QuantizationConfigMixin):
         qc = qc if isinstance(qc, dict) else qc.to_dict()
         if qc.get("quant_method") not in ("awq", "awq_orin"):
             raise ValueError(f"AwqOrinConfig: {path} is quantized with {qc.get('quant_method')!r}, not AWQ")
-        config.quantization_config = cls.from_checkpoint_config(qc).to_dict()
+        config.quantization_config = dict(cls.from_checkpoint_config(qc).to_dict(), quant_method="awq_orin")
         return config
 
     def to_dict(self) -> dict[str, Any]:
-        return {"quant_method": self.quant_method, "bits": self.bits, "group_size": self.group_size,
+        """The config.json entry: the AutoAWQ checkpoint's own (``quant_method`` "awq")."""
+        return {"quant_method": "awq", "bits": self.bits, "group_size": self.group_size,
                 "zero_point": self.zero_point, "version": self.version,
                 "modules_to_not_convert": self.modules_to_not_convert}
 

@@ -9,6 +9,8 @@ loading every layer is repacked once into its resident layout. See shared notes/
 from __future__ import annotations
 
 import logging
+import re
+from copy import deepcopy
 from typing import Any
 
 import torch
@@ -19,8 +21,16 @@ from transformers.quantizers import auto as hf_auto
 from transformers.quantizers.quantizers_utils import get_module_from_name, should_convert_module
 
 from ..formats import normal_float_codebook
+from ..layers.hf_awq_moe import AWQ_EXPERT_SUFFIXES, AwqOrinExperts
 from ..layers.hf_linear import KBIT_SERIALIZED, AwqOrinLinear, KbitLinear, check_kbit_shape
-from ..layers.hf_moe import EXPERT_PROJS, KBIT_EXPERT_SUFFIXES, KbitExperts, fused_experts_shape, has_fused_experts
+from ..layers.hf_moe import (
+    EXPERT_PROJS,
+    KBIT_EXPERT_SUFFIXES,
+    FusedExperts,
+    KbitExperts,
+    fused_experts_shape,
+    has_fused_experts,
+)
 from ..layers.moe_compute import kbit_quantize_experts
 from ..ops import kbit_quantize
 from .hf_configs import AwqOrinConfig, KbitConfig
@@ -113,9 +123,15 @@ def _resolved_skips(quantizer: HfQuantizer, model: nn.Module, requested: list[st
     return sorted(set(skip))
 
 
+def _awq_scales_dtype(index: dict[str, tuple[str, list[int], str]]) -> torch.dtype:
+    """The checkpoint's scales dtype, so scales load and save unchanged; fp32 (lossless) if unknown or mixed."""
+    found = {_ST_DTYPES.get(dt) for name, (dt, _, _) in index.items() if name.endswith(".scales")}
+    return found.pop() if len(found) == 1 and found <= set(_FLOAT_DTYPES) else torch.float32
+
+
 def _log_experts_left(model: nn.Module, method: str, skip: list[str] | None = None) -> None:
     """Fused 3-D expert modules left in the model dtype: explicitly skipped, or a layout we do not handle."""
-    experts = [n for n, m in model.named_modules() if has_fused_experts(m) and not isinstance(m, KbitExperts)]
+    experts = [n for n, m in model.named_modules() if has_fused_experts(m) and not isinstance(m, FusedExperts)]
     if experts:
         why = "skipped or not a supported layout" if skip is not None else "not supported by this method"
         logger.warning("%s: %d fused MoE expert modules (e.g. '%s') are not quantized (%s) and stay in the "
@@ -131,16 +147,40 @@ def _experts_to_convert(model: nn.Module, skip: list[str]) -> list[tuple[str, nn
     return out
 
 
-def _suffixed_expert_converters(conversions: list[Any], projs: set[str]) -> list[Any]:
-    """Copies of the model's per-expert merge converters for the kbit companions.
+KBIT_EXPERT_COMPANIONS = {suffix: "weight" + suffix for suffix in KBIT_EXPERT_SUFFIXES}
+AWQ_EXPERT_COMPANIONS = {suffix: suffix[1:] for suffix in AWQ_EXPERT_SUFFIXES}
 
-    E.g. Mixtral's ``.experts.*.w1.weight`` + ``.experts.*.w3.weight`` -> ``.experts.gate_up_proj``
-    gets ``.experts.*.w1.weight_packed`` + ``...w3.weight_packed`` -> ``.experts.gate_up_proj_packed``
-    (same for ``_absmax``), with the same merge ops. Loading merges saved per-expert tensors into
-    the stacked params; saving reverses it, so the folder keeps the checkpoint's per-expert names.
+
+def _in_out_merge_ops(operations: list[Any]) -> list[Any] | None:
+    """A [E, out, in] experts merge (stack, then concatenate gate and up on the out dim) redone for
+    tensors stored [in, out] like AWQ's; None when the converter does anything else."""
+    from transformers.core_model_loading import Concatenate, MergeModulelist
+
+    out = []
+    for op in operations:
+        if isinstance(op, MergeModulelist) and op.dim == 0:
+            out.append(deepcopy(op))
+        elif isinstance(op, Concatenate) and op.dim in (1, -2):
+            new = deepcopy(op)
+            new.dim = 2
+            out.append(new)
+        else:
+            return None
+    return out
+
+
+def _companion_expert_converters(conversions: list[Any], projs: set[str], companions: dict[str, str],
+                                 in_out: bool = False) -> list[Any]:
+    """Copies of the model's per-expert merge converters for the quantized companions.
+
+    ``companions`` maps a stacked param's suffix to the checkpoint's per-expert leaf name. E.g.
+    Mixtral's ``.experts.*.w1.weight`` + ``.experts.*.w3.weight`` -> ``.experts.gate_up_proj`` gets,
+    for kbit, ``.experts.*.w1.weight_packed`` + ``...w3.weight_packed`` -> ``.experts.gate_up_proj_packed``
+    (same for ``_absmax``) with the same merge ops; for awq_orin ``.experts.*.w1.qweight`` + ... ->
+    ``.experts.gate_up_proj_qweight`` (``qzeros``, ``scales`` likewise), concatenated on the last dim
+    (``in_out``: AWQ stores [in, out]). Loading merges saved per-expert tensors into the stacked
+    params; saving reverses it, so the folder keeps the checkpoint's per-expert names.
     """
-    from copy import deepcopy
-
     from transformers.core_model_loading import WeightConverter
 
     existing = {tuple(getattr(c, "_original_target_patterns", c.target_patterns)) for c in conversions}
@@ -153,21 +193,101 @@ def _suffixed_expert_converters(conversions: list[Any], projs: set[str]) -> list
         if (len(targets) != 1 or targets[0].rpartition(".")[2] not in projs
                 or not all(src.endswith(".weight") for src in sources)):
             continue
-        for suffix in KBIT_EXPERT_SUFFIXES:
-            new_src, new_tgt = [src + suffix for src in sources], [targets[0] + suffix]
+        operations = _in_out_merge_ops(conv.operations) if in_out else conv.operations
+        if operations is None:
+            continue
+        for suffix, leaf in companions.items():
+            new_src, new_tgt = [src[: -len("weight")] + leaf for src in sources], [targets[0] + suffix]
             if tuple(new_tgt) in existing:
                 continue
             if hasattr(conv, "copy"):
-                out.append(conv.copy(new_src, new_tgt, operations=deepcopy(conv.operations)))
+                out.append(conv.copy(new_src, new_tgt, operations=deepcopy(operations)))
             else:  # pragma: no cover - transformers without WeightTransform.copy
                 new = WeightConverter(source_patterns=new_src, target_patterns=new_tgt,
-                                      operations=deepcopy(conv.operations))
+                                      operations=deepcopy(operations))
                 for attr in ("scope_prefix", "base_model_prefix"):
                     if hasattr(conv, attr):
                         setattr(new, attr, getattr(conv, attr))
                 out.append(new)
             existing.add(tuple(new_tgt))
     return out
+
+
+def _keep_expert_converters(model: nn.Module, companions: dict[str, str], in_out: bool = False) -> None:
+    """save_pretrained reverses model._weight_conversions: add the companions' converters (dropped when
+    no checkpoint key used them, e.g. quantized on the fly) so experts are saved per expert, like the
+    checkpoint they came from."""
+    used = getattr(model, "_weight_conversions", None)
+    if used is not None:
+        model._weight_conversions = list(used) + _companion_expert_converters(used, set(EXPERT_PROJS), companions,
+                                                                              in_out)
+
+
+_AWQ_EXPERT_KEY = re.compile(r"^(?P<prefix>.*)\.experts\.(?P<e>\d+)\.(?P<proj>[^.]+)\.(?P<t>qweight|qzeros|scales)$")
+_AWQ_DTYPES = {"qweight": (torch.int32,), "qzeros": (torch.int32,), "scales": _FLOAT_DTYPES}
+
+
+def _expert_checkpoint_keys(quantizer: HfQuantizer, model: nn.Module, index: dict[str, tuple[str, list[int], str]],
+                            experts: dict[str, AwqOrinExperts]) -> dict[str, tuple[str, dict[Any, Any]]]:
+    """{module: (checkpoint prefix, {(group, proj): {tensor: {expert: key}}})} for the AutoAWQ per-expert keys,
+    mapped with the renamings and converters the loader will use; {} when this transformers cannot say."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+
+        mapping = get_model_conversion_mapping(model, hf_quantizer=quantizer)
+    except (ImportError, TypeError):  # pragma: no cover - another loader API; the check after loading names the layer
+        return {}
+    renamings = [t for t in mapping if isinstance(t, WeightRenaming)]
+    converters = [t for t in mapping if isinstance(t, WeightConverter)]
+    meta = model.state_dict()
+    found: dict[str, tuple[str, dict[Any, Any]]] = {}
+    for key in index:
+        match = _AWQ_EXPERT_KEY.match(key)
+        if match is None:
+            continue
+        renamed, pattern = rename_source_key(key, renamings, converters, model.base_model_prefix, meta)
+        module, _, param = renamed.rpartition(".")
+        if pattern is None or module not in experts:
+            continue
+        group = param.rpartition("_")[0]  # gate_up_proj_qweight -> gate_up_proj
+        tensors = found.setdefault(module, (match["prefix"], {}))[1].setdefault((group, match["proj"]), {})
+        tensors.setdefault(match["t"], {})[int(match["e"])] = key
+    return found
+
+
+def _check_awq_expert_checkpoint(quantizer: HfQuantizer, model: nn.Module,
+                                 index: dict[str, tuple[str, list[int], str]]) -> None:
+    """Every per-expert AutoAWQ tensor of every AwqOrinExperts, from the safetensors headers, before loading.
+
+    The loader would only log a failed merge (a missing or mis-shaped expert) and leave the stacked
+    param empty; this names the layer, projection, expert and checkpoint tensor instead. Layers with
+    no AWQ expert tensors at all are reported after loading (with the modules_to_not_convert hint).
+    """
+    experts = {n: m for n, m in model.named_modules() if isinstance(m, AwqOrinExperts)}
+    if not experts or not index:
+        return
+    for name, (prefix, found) in _expert_checkpoint_keys(quantizer, model, index, experts).items():
+        m = experts[name]
+        for group, shapes in m.checkpoint_shapes().items():
+            projs = sorted(p for g, p in found if g == group)
+            need = 2 if group == "gate_up_proj" else 1
+            if len(projs) != need:
+                raise ValueError(f"awq_orin: MoE experts '{name}': the checkpoint's {group} tensors come from "
+                                 f"projection(s) {projs} ({prefix}.experts.<e>.<proj>.*), expected {need}")
+            for proj in projs:
+                for tensor, shape in shapes.items():
+                    keys = found[(group, proj)].get(tensor, {})
+                    extra = sorted(e for e in keys if e >= m.num_experts)
+                    if extra:
+                        raise ValueError(f"awq_orin: checkpoint tensor {keys[extra[0]]} is for expert {extra[0]}, "
+                                         f"but MoE experts '{name}' has {m.num_experts} experts")
+                    for e in range(m.num_experts):
+                        where = f" (MoE experts '{name}', projection {proj}, expert {e})"
+                        if e not in keys:
+                            raise ValueError(f"awq_orin: checkpoint tensor {prefix}.experts.{e}.{proj}.{tensor} is "
+                                             f"missing{where}; expected {_AWQ_DTYPES[tensor][0]} {shape}")
+                        check_checkpoint_tensor(index, keys[e], _AWQ_DTYPES[tensor], shape, "awq_orin", where)
 
 
 class KbitQuantizeOp(ConversionOps):
@@ -318,7 +438,8 @@ class KbitHfQuantizer(_WeightOnlyQuantizer):
         (``model`` is absent in transformers 5.17's signature; the base method is not called because
         5.17 and 5.23 differ, and kbit needs none of its serialized-name machinery.)
         """
-        return list(weight_conversions) + _suffixed_expert_converters(weight_conversions, set(EXPERT_PROJS))
+        return list(weight_conversions) + _companion_expert_converters(weight_conversions, set(EXPERT_PROJS),
+                                                                       KBIT_EXPERT_COMPANIONS)
 
     def param_needs_quantization(self, model: nn.Module, param_name: str, **kwargs: Any) -> bool:
         if self.pre_quantized:
@@ -358,11 +479,7 @@ class KbitHfQuantizer(_WeightOnlyQuantizer):
                                  f"{m.hidden_dim // 32 * m.bits}] and the like, or per-expert "
                                  "'experts.<e>.<proj>.weight_packed' / 'weight_absmax' tensors)")
             m.repack_(self.codebook(m.gate_up_proj_packed.device))
-        # save_pretrained reverses model._weight_conversions: add the companions' converters so the
-        # experts are saved per expert, like the checkpoint they were quantized from.
-        used = getattr(model, "_weight_conversions", None)
-        if used is not None:
-            model._weight_conversions = list(used) + _suffixed_expert_converters(used, set(EXPERT_PROJS))
+        _keep_expert_converters(model, KBIT_EXPERT_COMPANIONS)
         if not self.pre_quantized:
             logger.info("kbit: quantized %d linear / expert weights to %d bits", self.n_quantized,
                         self.quantization_config.bits)
@@ -392,6 +509,7 @@ class AwqOrinHfQuantizer(_WeightOnlyQuantizer):
         dtype = self.dtype or model.dtype
         targets = _linears_to_convert(model, skip)
         index = _checkpoint_index(kwargs.get("checkpoint_files"))
+        scales_dtype = _awq_scales_dtype(index)
         g = qc.group_size
         for name, lin in targets:
             if lin.in_features % g or lin.out_features % 8:
@@ -399,15 +517,27 @@ class AwqOrinHfQuantizer(_WeightOnlyQuantizer):
             groups, packs = lin.in_features // g, lin.out_features // 8
             check_checkpoint_tensor(index, f"{name}.qweight", (torch.int32,), [lin.in_features, packs], "awq_orin")
             check_checkpoint_tensor(index, f"{name}.qzeros", (torch.int32,), [groups, packs], "awq_orin")
-            check_checkpoint_tensor(index, f"{name}.scales", (torch.float16, torch.bfloat16, torch.float32),
-                                    [groups, lin.out_features], "awq_orin")
+            check_checkpoint_tensor(index, f"{name}.scales", _FLOAT_DTYPES, [groups, lin.out_features], "awq_orin")
         for name, lin in targets:
             with torch.device("meta"):
                 new = AwqOrinLinear(lin.in_features, lin.out_features, lin.bias is not None, qc.group_size, dtype,
-                                    layer_name=name)
+                                    layer_name=name, scales_dtype=scales_dtype)
             model.set_submodule(name, new)
-        logger.info("awq_orin: loading %d AWQ int4 linear layers (group %d)", len(targets), qc.group_size)
-        _log_experts_left(model, "awq_orin")
+        experts = _experts_to_convert(model, skip)
+        for name, mod, (n_exp, hidden, inter) in experts:
+            with torch.device("meta"):
+                new = AwqOrinExperts(n_exp, hidden, inter, g, mod.act_fn, scales_dtype, layer_name=name)
+            model.set_submodule(name, new)
+        _check_awq_expert_checkpoint(self, model, index)
+        logger.info("awq_orin: loading %d AWQ int4 linear layers and %d MoE expert modules (group %d)",
+                    len(targets), len(experts), g)
+        _log_experts_left(model, "awq_orin", skip)
+
+    def update_weight_conversions(self, weight_conversions: list[Any], model: nn.Module | None = None) -> list[Any]:
+        """Also merge the checkpoint's per-expert ``qweight`` / ``qzeros`` / ``scales`` into AwqOrinExperts'
+        stacked params (as KbitHfQuantizer does for its companions)."""
+        return list(weight_conversions) + _companion_expert_converters(weight_conversions, set(EXPERT_PROJS),
+                                                                       AWQ_EXPERT_COMPANIONS, in_out=True)
 
     def _process_model_after_weight_loading(self, model: nn.Module, **kwargs: Any) -> nn.Module:
         dtype = self.dtype or model.dtype
@@ -419,13 +549,19 @@ class AwqOrinHfQuantizer(_WeightOnlyQuantizer):
                                  "not AWQ-quantized, list it in modules_to_not_convert")
             _finite_or_raise(m.scales.data, f"{name}.scales", "awq_orin")
             m.repack_(dtype)
+        for name, m in [(n, m) for n, m in model.named_modules() if isinstance(m, AwqOrinExperts)]:
+            missing = [p + s for p in EXPERT_PROJS for s in AWQ_EXPERT_SUFFIXES if not _loaded(getattr(m, p + s))]
+            if missing:
+                raise ValueError(f"awq_orin: MoE experts '{name}' are missing {missing} in the checkpoint (expected "
+                                 "AutoAWQ per-expert 'experts.<e>.<proj>.qweight' / 'qzeros' / 'scales' tensors); "
+                                 "if they are not AWQ-quantized, list them in modules_to_not_convert")
+            m.repack_(dtype)
+        _keep_expert_converters(model, AWQ_EXPERT_COMPANIONS, in_out=True)
         return model
 
     def is_serializable(self, *args: Any, **kwargs: Any) -> bool:
-        logger.warning("awq_orin: models hold a device-specific resident layout and are not re-saved; "
-                       "keep the original AWQ checkpoint")
-        return False
-
+        """Layers save the AutoAWQ tensors they loaded (read back from the resident layout)."""
+        return True
 
 
 def _install_awq_override() -> None:

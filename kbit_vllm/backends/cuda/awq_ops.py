@@ -1,4 +1,4 @@
-"""CUDA implementations of the awq_orin ops (awq_repack, awq_linear).
+"""CUDA implementations of the awq_orin ops (awq_repack, awq_unrepack, awq_linear).
 
 Resident CUDA layout (see csrc/awq_common.cuh): wq = qweight^T, int32 [out/8, in], AWQ nibble
 order kept (it is already the LOP3 pair order); sz [in/group, out, 2] in the activation dtype,
@@ -47,6 +47,14 @@ def awq_repack(qweight, qzeros, scales, group_size, dtype):
     b = -s * awq_fmt.unpack_awq(qzeros).to(torch.float32)
     sz = torch.cat([s.view(groups, out_f // 2, 2), b.view(groups, out_f // 2, 2)], dim=-1)
     return qweight.t().contiguous(), sz.reshape(groups, out_f, 2).to(dtype).contiguous()
+
+
+def awq_unrepack(wq, in_features, out_features):
+    C.check_awq_unrepack(wq, in_features, out_features)
+    C.require(wq.dtype == torch.int32 and tuple(wq.shape) == (out_features // 8, in_features), "awq_unrepack",
+              f"CUDA wq must be int32 [{out_features // 8}, {in_features}] (from awq_repack), got "
+              f"{wq.dtype} {list(wq.shape)}")
+    return wq.t().contiguous()
 
 
 def _dense(wq: torch.Tensor, sz: torch.Tensor, group_size: int, out_f: int, dtype: torch.dtype) -> torch.Tensor:
