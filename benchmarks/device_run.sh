@@ -25,7 +25,9 @@ for step in $STEPS; do
              tests/test_hf_moe.py tests/test_fuzz.py 2>&1 | tail -60 > "$OUT/tests.log" ;;
     fuzz) timeout $(( ${FUZZ_SECONDS:-90} + 60 )) python3 scripts/fuzz_long.py --seconds "${FUZZ_SECONDS:-90}" \
              --out "$OUT/fuzz" > "$OUT/fuzz.log" 2>&1 ;;
-    sanitize) OUT="$OUT/sanitize" timeout 420 bash scripts/sanitize.sh > "$OUT/sanitize.log" 2>&1 ;;
+    sanitize) OUT="$OUT/sanitize" timeout 420 bash scripts/sanitize.sh > "$OUT/sanitize.log" 2>&1; rc=$?
+              # one archive of the per-family logs (the device returns a limited number of files)
+              tar czf "$OUT/sanitize_logs.tgz" -C "$OUT" sanitize && rm -f "$OUT"/sanitize/sanitize_*.log; (exit $rc) ;;
     bench_kbit) timeout 330 python3 benchmarks/bench_kbit.py --json "$OUT/bench_kbit.json" $BENCH_KBIT_ARGS \
              > "$OUT/bench_kbit.log" 2>&1 ;;
     bench_awq) timeout 200 python3 benchmarks/bench_awq.py --json "$OUT/bench_awq.json" $BENCH_AWQ_ARGS \

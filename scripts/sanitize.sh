@@ -30,7 +30,6 @@ FAMILIES=${SANITIZE_FAMILIES:-kbit_formats kbit_gemv kbit_mma kbit_dequant awq k
 for tool in $TOOLS; do
   extra=()
   [ "$tool" = racecheck ] && extra+=(--racecheck-report all)
-  [ "$tool" = initcheck ] && extra+=(--track-unused-memory no)
   [ -n "$SANITIZE_FILTER" ] && extra+=(--kernel-name "$SANITIZE_FILTER")
   if [ "$tool" = memcheck ]; then groups=("all"); else read -r -a groups <<< "$FAMILIES"; fi
   for fam in "${groups[@]}"; do
