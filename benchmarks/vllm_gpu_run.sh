@@ -3,6 +3,8 @@
 # and kbit_vllm/lib carried:  bash benchmarks/vllm_gpu_run.sh tiny_kbit4 tiny_deq4 ...
 # Unpacks vLLM into /tmp/site, registers this checkout as the kbit_vllm distribution (so vLLM's
 # vllm.general_plugins lookup finds kbit_vllm:register) and runs benchmarks/vllm_gpu_e2e.py.
+# Qwen3-30B-A3B shapes (12 of 48 layers unless KBIT_E2E_Q3MOE_LAYERS says otherwise), one call:
+#   bash benchmarks/vllm_gpu_run.sh q3moe_bf16 q3moe_kbit4 q3moe_awq_orin q3moe_awq
 set -euo pipefail
 [ -d /tmp/site/vllm ] || { mkdir -p /tmp/site && cat .carry/vllm/vllm-*.tar.xz.* | tar -xJf - -C /tmp/site; }
 d=/tmp/site/kbit_vllm-0.1.0.dist-info
@@ -10,4 +12,5 @@ mkdir -p "$d"
 printf 'Metadata-Version: 2.1\nName: kbit_vllm\nVersion: 0.1.0\n' > "$d/METADATA"
 printf '[vllm.general_plugins]\nkbit = kbit_vllm:register\n' > "$d/entry_points.txt"
 export PYTHONPATH="$PWD:/tmp/site" TVM_FFI_DISABLE_TORCH_C_DLPACK=1 VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
+df -h /tmp | tail -1
 python3 benchmarks/vllm_gpu_e2e.py "$@"
