@@ -4,7 +4,11 @@ Same method as bench_kbit.py (whose timing helpers it uses): CUDA-graph replay o
 of rotated weight copies, median per call. Floor = (int4 weights + fp16 scales + int4 zeros,
 the AWQ checkpoint's bytes, + x + y) / measured HBM bandwidth.
 
-Usage (GPU machine, repo root): python benchmarks/bench_awq.py [--json PATH] [--quick]
+GEMV columns: "stream-K" (csrc/awq_gemv_sk.cu, M <= 4) and "warp" (csrc/awq_gemv.cu, M <= 8, the
+deterministic one); "op" is awq_linear's own choice between them and the other kernels.
+
+Usage (GPU machine, repo root): python benchmarks/bench_awq.py [--json PATH] [--quick] [--ms 1,4]
+    [--dtype bfloat16]
 """
 
 from __future__ import annotations
@@ -26,12 +30,14 @@ from kbit_vllm.backends.cuda import awq_ops  # noqa: E402
 from kbit_vllm.formats import quantize_awq_rtn  # noqa: E402
 
 GROUP = 128
+GEMV_PATHS = ("gemv_sk", "gemv_warp")
 
 
-def bench_shape(name: str, in_f: int, out_f: int, ms: list[int], bw: float, cap: int) -> list[dict]:
-    dt = torch.float16
+def bench_shape(name: str, in_f: int, out_f: int, ms: list[int], bw: float, cap: int,
+                dt: torch.dtype = torch.float16) -> list[dict]:
+    """Our kernels in activation dtype dt beside cuBLAS in the same dtype (and tinygemm, bf16)."""
     w = torch.randn(out_f, in_f, device="cuda", dtype=dt) * 0.05
-    qw, qz, s = quantize_awq_rtn(w, GROUP)
+    qw, qz, s = quantize_awq_rtn(w, GROUP, scale_dtype=dt)
     wq, sz = ops.awq_repack(qw, qz, s, GROUP, dt)
     ckpt_bytes = qw.numel() * 4 + qz.numel() * 4 + s.numel() * 2
     copies = [(wq.clone(), sz.clone()) for _ in range(n_copies(wq.numel() * 4 + sz.numel() * 2, cap))]
@@ -41,7 +47,8 @@ def bench_shape(name: str, in_f: int, out_f: int, ms: list[int], bw: float, cap:
     for m in ms:
         x = torch.randn(m, in_f, device="cuda", dtype=dt)
         r: dict = {"shape": name, "in": in_f, "out": out_f, "M": m}
-        for path in (["gemv"] if m <= 8 else []) + ["mma", "dequant"]:
+        sk = m <= awq_ops.SK_MAX_M and awq_ops.gemv_sk_units(in_f, out_f) >= awq_ops.SK_WARPS
+        for path in (["gemv_sk"] if sk else []) + (["gemv_warp"] if m <= 8 else []) + ["mma", "dequant"]:
             try:
                 r[path] = time_graph([
                     (lambda c=c, p=path, x=x: awq_ops.linear_path(x, c[0], c[1], None, GROUP, out_f, p))
@@ -61,19 +68,19 @@ def bench_shape(name: str, in_f: int, out_f: int, ms: list[int], bw: float, cap:
     return rows
 
 
-def print_tables(rows: list[dict]) -> None:
+def print_tables(rows: list[dict], dtype: str = "fp16") -> None:
     for m in sorted({r["M"] for r in rows}):
-        print(f"\n### awq_orin, M = {m} (µs per call, group {GROUP}, fp16)\n")
-        print("| shape (in x out) | gemv | mma | dequant+cuBLAS | op | cuBLAS fp16 | tinygemm int4 | best | vs fp16 "
-              "| vs tinygemm | floor | best/floor |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        print(f"\n### awq_orin, M = {m} (µs per call, group {GROUP}, {dtype})\n")
+        print(f"| shape (in x out) | gemv (stream-K) | gemv (warp) | mma | dequant+cuBLAS | op | cuBLAS {dtype} "
+              "| tinygemm int4 | best | vs cuBLAS | vs tinygemm | floor | best/floor |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in (r for r in rows if r["M"] == m):
-            best = min(r[p] for p in ("gemv", "mma", "dequant") if p in r)
+            best = min(r[p] for p in (*GEMV_PATHS, "mma", "dequant") if p in r)
             tg = r.get("tinygemm_int4")
-            print(f"| {r['shape']} {r['in']}x{r['out']} | {fmt(r.get('gemv'))} | {fmt(r.get('mma'))} | "
-                  f"{fmt(r.get('dequant'))} | {fmt(r['op'])} | {fmt(r['cublas_fp16'])} | {fmt(tg)} | {best:.1f} | "
-                  f"{r['cublas_fp16'] / best:.2f}x | {'-' if tg is None else f'{tg / best:.2f}x'} | "
-                  f"{r['floor']:.1f} | {best / r['floor']:.2f} |")
+            print(f"| {r['shape']} {r['in']}x{r['out']} | {fmt(r.get('gemv_sk'))} | {fmt(r.get('gemv_warp'))} | "
+                  f"{fmt(r.get('mma'))} | {fmt(r.get('dequant'))} | {fmt(r['op'])} | {fmt(r['cublas_fp16'])} | "
+                  f"{fmt(tg)} | {best:.1f} | {r['cublas_fp16'] / best:.2f}x | "
+                  f"{'-' if tg is None else f'{tg / best:.2f}x'} | {r['floor']:.1f} | {best / r['floor']:.2f} |")
 
 
 def main() -> None:
@@ -81,17 +88,21 @@ def main() -> None:
     ap.add_argument("--json", default="bench_awq.json")
     ap.add_argument("--quick", action="store_true", help="fewer weight copies")
     ap.add_argument("--ms", default=None)
+    ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"),
+                    help="activation dtype (cuBLAS runs in the same dtype)")
     args = ap.parse_args()
+    dt = getattr(torch, args.dtype)
     bw, dev = start_run()
     ms = [int(v) for v in args.ms.split(",")] if args.ms else MS
     rows: list[dict] = []
     t0 = time.time()
     for name, in_f, out_f in SEED_DENSE + LLAMA:
-        rows += bench_shape(name, in_f, out_f, ms, bw, 64 if args.quick else 400)
+        rows += bench_shape(name, in_f, out_f, ms, bw, 64 if args.quick else 400, dt)
         print(f"# {name} done at {time.time() - t0:.0f}s", flush=True)
-    print_tables(rows)
+    print_tables(rows, "fp16" if dt == torch.float16 else "bf16")
     with open(args.json, "w") as f:
-        json.dump({"device": dev, "hbm_bytes_per_s": bw, "group": GROUP, "rows": rows}, f, indent=1)
+        json.dump({"device": dev, "hbm_bytes_per_s": bw, "group": GROUP, "dtype": args.dtype, "rows": rows}, f,
+                  indent=1)
 
 
 if __name__ == "__main__":

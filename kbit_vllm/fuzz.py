@@ -426,7 +426,10 @@ class Runner:
         if self.cuda and dtype != torch.float32:
             from .backends.cuda import awq_ops
 
-            for path in ["mma", "dequant"] + (["gemv"] if m <= 8 else []):
+            paths = ["mma", "dequant"] + (["gemv", "gemv_warp"] if m <= 8 else [])
+            if m <= awq_ops.SK_MAX_M and awq_ops.gemv_sk_units(in_f, out_f) >= awq_ops.SK_WARPS:
+                paths.append("gemv_sk")
+            for path in paths:
                 y = awq_ops.linear_path(x, wq, sz, bias, gs, out_f, path)
                 self._check_linear({**rec, "path": path}, y, want, bad, dtype)
 

@@ -7,6 +7,7 @@ import torch
 
 import kbit_vllm
 from kbit_vllm import ops
+from kbit_vllm.backends.cuda import awq_ops
 from kbit_vllm.formats import quantize_awq_rtn, unpack_awq
 
 pytestmark = [
@@ -83,3 +84,147 @@ def test_awq_cuda_graph_replay(m: int) -> None:
     torch.cuda.synchronize()
     assert torch.equal(y, ops.awq_linear(x, wq, sz, None, 128, 512))
     assert not torch.equal(y, eager)
+
+
+# --- stream-K GEMV (csrc/awq_gemv_sk.cu; unit = 8-output column group x 512 inputs) -------------
+# (in, out): one partial unit per column group and fewer units than a wave (384 x 264, 33 groups);
+# a masked tail unit, odd group counts (1152: 9 groups of 128; 2720: 85 of 32); many units per
+# warp with split column groups (4096 x 4096); 28 warps per column group (14336 x 512).
+SK_SHAPES = ((384, 264), (1152, 1000), (2720, 64), (4096, 4096), (14336, 512))
+BIG = (4096, 12288)  # enough units per warp of a wave for the auto "gemv" path to take stream-K
+_SFX = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def _awq_layer(out_f: int, in_f: int, gs: int, dtype: torch.dtype):
+    qw, qz, s = quantize_awq_rtn(torch.randn(out_f, in_f, device="cuda"), gs, scale_dtype=dtype)
+    wq, sz = ops.awq_repack(qw, qz, s, gs, dtype)
+    return wq, sz, _w64(qw, qz, s, gs)
+
+
+def _check(y, x, w64, bias, dtype, what: str) -> None:
+    ref = x.double() @ w64.t() + (bias.double() if bias is not None else 0)
+    assert y.shape == ref.shape and y.dtype == dtype
+    assert torch.isfinite(y).all(), f"{what}: unwritten output"
+    assert _rel(y, ref) < TOL[dtype], f"{what}: rel err {_rel(y, ref):.2e}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("gs", (32, 64, 128))
+@pytest.mark.parametrize("in_f,out_f", SK_SHAPES)
+def test_gemv_sk_matches_reference(dtype: torch.dtype, gs: int, in_f: int, out_f: int) -> None:
+    """Stream-K GEMV, warp GEMV and the auto GEMV path against float64, M = 1..4, with and without
+    bias, on outputs poisoned with NaN first."""
+    if in_f % gs:
+        pytest.skip(f"in {in_f} is no multiple of group {gs}")
+    wq, sz, w64 = _awq_layer(out_f, in_f, gs, dtype)
+    bias = torch.randn(out_f, device="cuda", dtype=dtype)
+    for m in (1, 2, 3, 4):
+        x = torch.randn(m, in_f, device="cuda", dtype=dtype)
+        for b in (bias, None):
+            for path in ("gemv_sk", "gemv_warp", "gemv"):
+                _poison_allocator(m * out_f * 2)
+                y = awq_ops.linear_path(x, wq, sz, b, gs, out_f, path)
+                _check(y, x, w64, b, dtype, f"{path} M={m} bias={b is not None}")
+
+
+def test_gemv_sk_rejects_what_it_cannot_run() -> None:
+    wq, sz, _ = _awq_layer(8, 512, 128, torch.float16)  # one unit: fewer than a CTA's 8 warps
+    with pytest.raises(ValueError, match="gemv_sk"):
+        awq_ops.linear_path(torch.randn(1, 512, device="cuda", dtype=torch.float16), wq, sz, None, 128, 8, "gemv_sk")
+    wq, sz, _ = _awq_layer(256, 1024, 128, torch.float16)
+    with pytest.raises(ValueError, match="gemv_sk"):  # instantiated for M <= 4
+        awq_ops.linear_path(torch.randn(5, 1024, device="cuda", dtype=torch.float16), wq, sz, None, 128, 256,
+                            "gemv_sk")
+
+
+@pytest.fixture(scope="module", params=DTYPES, ids=["fp16", "bf16"])
+def big_layer(request):
+    dtype = request.param
+    in_f, out_f = BIG
+    wq, sz, w64 = _awq_layer(out_f, in_f, 128, dtype)
+    return dtype, wq, sz, w64
+
+
+def test_gemv_auto_path_takes_stream_k(big_layer, monkeypatch) -> None:
+    """On a large layer the op's GEMV is the stream-K kernel (outside deterministic mode), and right."""
+    monkeypatch.setenv("KBIT_VLLM_DETERMINISTIC", "0")
+    dtype, wq, sz, w64 = big_layer
+    in_f, out_f = BIG
+    bias = torch.randn(out_f, device="cuda", dtype=dtype)
+    for m in (1, 2, 3, 4):
+        assert awq_ops.gemv_sk_ctas(torch.device("cuda"), _SFX[dtype], m, in_f, out_f) > 0
+        x = torch.randn(m, in_f, device="cuda", dtype=dtype)
+        _poison_allocator(m * out_f * 2)
+        _check(ops.awq_linear(x, wq, sz, bias, 128, out_f), x, w64, bias, dtype, f"op M={m}")
+
+
+def test_gemv_deterministic_mode_uses_warp_gemv(big_layer, monkeypatch) -> None:
+    """KBIT_VLLM_DETERMINISTIC=1: the op's GEMV is the warp GEMV (fixed order): same bits every call."""
+    monkeypatch.setenv("KBIT_VLLM_DETERMINISTIC", "1")
+    dtype, wq, sz, w64 = big_layer
+    in_f, out_f = BIG
+    for m in (1, 3):
+        x = torch.randn(m, in_f, device="cuda", dtype=dtype)
+        first = ops.awq_linear(x, wq, sz, None, 128, out_f)
+        _check(first, x, w64, None, dtype, f"deterministic M={m}")
+        assert torch.equal(first, awq_ops.linear_path(x, wq, sz, None, 128, out_f, "gemv_warp"))
+        for _ in range(3):
+            assert torch.equal(ops.awq_linear(x, wq, sz, None, 128, out_f), first)
+
+
+@pytest.mark.parametrize("m", (1, 2, 4))
+def test_gemv_sk_graph_replay(big_layer, m: int, monkeypatch) -> None:
+    """Graph replays of the op (stream-K GEMV) equal eager within the float-atomic order, every
+    replay is right (accumulators and counters are left zeroed), and a replay reads new x."""
+    monkeypatch.setenv("KBIT_VLLM_DETERMINISTIC", "0")
+    dtype, wq, sz, w64 = big_layer
+    in_f, out_f = BIG
+    bias = torch.randn(out_f, device="cuda", dtype=dtype)
+    x = torch.randn(m, in_f, device="cuda", dtype=dtype)
+
+    def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+        return bool(((a.double() - b.double()).abs().max() / b.double().abs().max()) < 1e-2)
+
+    eager = ops.awq_linear(x, wq, sz, bias, 128, out_f)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            ops.awq_linear(x, wq, sz, bias, 128, out_f)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = ops.awq_linear(x, wq, sz, bias, 128, out_f)
+    for _ in range(3):
+        y.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert close(y, eager)
+        _check(y, x, w64, bias, dtype, f"replay M={m}")
+    x.copy_(torch.randn_like(x))
+    g.replay()
+    torch.cuda.synchronize()
+    assert close(y, ops.awq_linear(x, wq, sz, bias, 128, out_f))
+    _check(y, x, w64, bias, dtype, f"replay with new x M={m}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", (1, 3, 4))
+@pytest.mark.parametrize("in_f,out_f", ((4096, 1000), (14336, 512)))
+def test_gemv_sk_nonfinite_rows(dtype: torch.dtype, m: int, in_f: int, out_f: int) -> None:
+    """An Inf or NaN in one row of x makes only that row's outputs non-finite, and the next call
+    (same scratch) is right again: the last warp of a tile re-zeroes a NaN accumulator."""
+    wq, sz, w64 = _awq_layer(out_f, in_f, 128, dtype)
+    x = torch.randn(m, in_f, device="cuda", dtype=dtype)
+    x[0, 7] = float("inf")
+    if m > 1:
+        x[m - 1, in_f - 100] = float("nan")
+    y = awq_ops.linear_path(x, wq, sz, None, 128, out_f, "gemv_sk")
+    torch.cuda.synchronize()
+    assert not torch.isfinite(y[0]).any()
+    if m > 1:
+        assert torch.isnan(y[m - 1]).all()
+    if m > 2:
+        _check(y[1 : m - 1], x[1 : m - 1], w64, None, dtype, "finite rows")
+    x2 = torch.randn(m, in_f, device="cuda", dtype=dtype)
+    _check(awq_ops.linear_path(x2, wq, sz, None, 128, out_f, "gemv_sk"), x2, w64, None, dtype, "after non-finite")

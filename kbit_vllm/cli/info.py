@@ -39,8 +39,8 @@ def m_ranges(choose: Callable[[int], str], names: dict[str, str]) -> list[str]:
 
 KBIT_NAMES = {"gemv": "GEMV (shared-memory codebook decode, split-K)", "mma": "tensor-core MMA (split-K)",
               "dequant": "dequantize to a buffer + cuBLAS"}
-AWQ_NAMES = {"gemv": "LOP3 GEMV / small batch", "mma": "tensor-core LOP3 MMA (split-K)",
-             "dequant": "dequantize to a buffer + cuBLAS"}
+AWQ_NAMES = {"gemv": "LOP3 GEMV / small batch (stream-K at M<=4 on large layers)",
+             "mma": "tensor-core LOP3 MMA (split-K)", "dequant": "dequantize to a buffer + cuBLAS"}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,6 +10,11 @@ template <typename T>
 int gemv(const void* x, const int32_t* wq, const void* sz, const void* bias, void* y, int m, int in,
          int out, int group, cudaStream_t stream);
 template <typename T>
+int gemv_sk(const void* x, const int32_t* wq, const void* sz, const void* bias, void* y, int m, int in, int out,
+            int group, int ctas, float* accum, int* counters, cudaStream_t stream);
+template <typename T>
+int gemv_sk_ctas_per_sm(int m);
+template <typename T>
 int mma(const void* x, const int32_t* wq, const void* sz, const void* bias, void* y, float* workspace,
         int splits, int m, int in, int out, int group, cudaStream_t stream);
 int mma_splits(int m, int in, int out);
@@ -19,20 +24,27 @@ int dequant(const int32_t* wq, const void* sz, void* w_out, int in, int out, int
 
 extern "C" {
 
-#define KBIT_AWQ_API(SUFFIX, T)                                                                        \
-    int kbit_vllm_awq_gemv_##SUFFIX(const void* x, const int32_t* wq, const void* sz, const void* bias, \
-                                    void* y, int m, int in, int out, int group, void* stream) {         \
-        return awq::gemv<T>(x, wq, sz, bias, y, m, in, out, group, static_cast<cudaStream_t>(stream));  \
-    }                                                                                                   \
-    int kbit_vllm_awq_mma_##SUFFIX(const void* x, const int32_t* wq, const void* sz, const void* bias,  \
-                                   void* y, float* workspace, int splits, int m, int in, int out,       \
-                                   int group, void* stream) {                                           \
-        return awq::mma<T>(x, wq, sz, bias, y, workspace, splits, m, in, out, group,                    \
-                           static_cast<cudaStream_t>(stream));                                          \
-    }                                                                                                   \
-    int kbit_vllm_awq_dequant_##SUFFIX(const int32_t* wq, const void* sz, void* w_out, int in, int out, \
-                                       int group, void* stream) {                                       \
-        return awq::dequant<T>(wq, sz, w_out, in, out, group, static_cast<cudaStream_t>(stream));       \
+#define KBIT_AWQ_API(SUFFIX, T)                                                                             \
+    int kbit_vllm_awq_gemv_##SUFFIX(const void* x, const int32_t* wq, const void* sz, const void* bias,     \
+                                    void* y, int m, int in, int out, int group, void* stream) {             \
+        return awq::gemv<T>(x, wq, sz, bias, y, m, in, out, group, static_cast<cudaStream_t>(stream));      \
+    }                                                                                                       \
+    int kbit_vllm_awq_gemv_sk_##SUFFIX(const void* x, const int32_t* wq, const void* sz, const void* bias,  \
+                                       void* y, int m, int in, int out, int group, int ctas, float* accum,  \
+                                       int* counters, void* stream) {                                       \
+        return awq::gemv_sk<T>(x, wq, sz, bias, y, m, in, out, group, ctas, accum, counters,                \
+                               static_cast<cudaStream_t>(stream));                                          \
+    }                                                                                                       \
+    int kbit_vllm_awq_gemv_sk_ctas_per_sm_##SUFFIX(int m) { return awq::gemv_sk_ctas_per_sm<T>(m); }        \
+    int kbit_vllm_awq_mma_##SUFFIX(const void* x, const int32_t* wq, const void* sz, const void* bias,      \
+                                   void* y, float* workspace, int splits, int m, int in, int out,           \
+                                   int group, void* stream) {                                               \
+        return awq::mma<T>(x, wq, sz, bias, y, workspace, splits, m, in, out, group,                        \
+                           static_cast<cudaStream_t>(stream));                                              \
+    }                                                                                                       \
+    int kbit_vllm_awq_dequant_##SUFFIX(const int32_t* wq, const void* sz, void* w_out, int in, int out,     \
+                                       int group, void* stream) {                                           \
+        return awq::dequant<T>(wq, sz, w_out, in, out, group, static_cast<cudaStream_t>(stream));           \
     }
 int kbit_vllm_awq_mma_splits(int m, int in, int out) { return awq::mma_splits(m, in, out); }
 

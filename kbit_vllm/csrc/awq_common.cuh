@@ -70,17 +70,22 @@ template <> __device__ __forceinline__ half from_f<half>(float v) { return __flo
 template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
 // Scale and bias pairs of one column group (8 outputs) in one group of inputs: 32 bytes at
-// sz + ((g * out) + 8c) * 2, as (s01, b01, s23, b23) (s45, b45, s67, b67).
+// sz + ((g * out) + 8c) * 2, as (s01, b01, s23, b23) (s45, b45, s67, b67) = the two 16-byte
+// halves sa, sb.
 template <typename T>
-__device__ __forceinline__ void load_pair_scales(const T* __restrict__ szp, typename Vec2<T>::type (&s2)[4],
-                                                 typename Vec2<T>::type (&b2)[4]) {
+__device__ __forceinline__ void split_pair_scales(const int4& sa, const int4& sb, typename Vec2<T>::type (&s2)[4],
+                                                  typename Vec2<T>::type (&b2)[4]) {
     using T2 = typename Vec2<T>::type;
-    const int4 sa = __ldg(reinterpret_cast<const int4*>(szp));
-    const int4 sb = __ldg(reinterpret_cast<const int4*>(szp) + 1);
     const T2* sv = reinterpret_cast<const T2*>(&sa);
     const T2* sw = reinterpret_cast<const T2*>(&sb);
     s2[0] = sv[0]; s2[1] = sv[2]; s2[2] = sw[0]; s2[3] = sw[2];
     b2[0] = sv[1]; b2[1] = sv[3]; b2[2] = sw[1]; b2[3] = sw[3];
+}
+template <typename T>
+__device__ __forceinline__ void load_pair_scales(const T* __restrict__ szp, typename Vec2<T>::type (&s2)[4],
+                                                 typename Vec2<T>::type (&b2)[4]) {
+    split_pair_scales<T>(__ldg(reinterpret_cast<const int4*>(szp)), __ldg(reinterpret_cast<const int4*>(szp) + 1),
+                         s2, b2);
 }
 
 // One thread's 16-byte load (4 inputs of one column group) -> w[t][j] = pair j (outputs 2j, 2j+1)
@@ -112,6 +117,40 @@ __device__ __forceinline__ void store_quad_rows(const typename Vec2<T>::type (&w
         for (int t = 0; t < 4; ++t) { lo[t] = w[t][j].x; hi[t] = w[t][j].y; }
         *reinterpret_cast<uint2*>(dst + (2 * j) * row_stride) = *reinterpret_cast<const uint2*>(lo);
         *reinterpret_cast<uint2*>(dst + (2 * j + 1) * row_stride) = *reinterpret_cast<const uint2*>(hi);
+    }
+}
+
+template <typename T> __device__ __forceinline__ typename Vec2<T>::type zero2() {
+    const uint32_t z = 0;
+    return *reinterpret_cast<const typename Vec2<T>::type*>(&z);
+}
+
+// part[j] += sum over the quad's 4 inputs t of w[t][j] * x_t (pair j: outputs 2j, 2j+1), with
+// xr = x at those 4 inputs (8 bytes): 16 FMAs in the activation dtype.
+template <typename T>
+__device__ __forceinline__ void fma_quad(const typename Vec2<T>::type (&w)[4][4], const uint2& xr,
+                                         typename Vec2<T>::type (&part)[4]) {
+    using T2 = typename Vec2<T>::type;
+    const T* xv = reinterpret_cast<const T*>(&xr);
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        T2 xt;
+        xt.x = xv[t];
+        xt.y = xv[t];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) part[j] = __hfma2(w[t][j], xt, part[j]);
+    }
+}
+
+// acc[o] (outputs o = 0..7 of a column group) += the pair sums part[j] in fp32; part is zeroed.
+template <typename T>
+__device__ __forceinline__ void flush_pairs(typename Vec2<T>::type (&part)[4], float (&acc)[8]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const float2 f = to_float2<T>(part[j]);
+        acc[2 * j] += f.x;
+        acc[2 * j + 1] += f.y;
+        part[j] = zero2<T>();
     }
 }
 
@@ -153,22 +192,9 @@ __device__ __forceinline__ void gemv_accumulate(const T* __restrict__ x, int in,
         for (int m = 0; m < M; ++m) {
             const uint2 xr =
                 __ldg(reinterpret_cast<const uint2*>(x + static_cast<size_t>(min(m, last_row)) * in + k0));
-            const T* xv = reinterpret_cast<const T*>(&xr);
-            T2 part[4];
-#pragma unroll
-            for (int t = 0; t < 4; ++t) {
-                T2 xt;
-                xt.x = xv[t];
-                xt.y = xv[t];
-#pragma unroll
-                for (int j = 0; j < 4; ++j) part[j] = t == 0 ? __hmul2(w[t][j], xt) : __hfma2(w[t][j], xt, part[j]);
-            }
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const float2 f = to_float2<T>(part[j]);
-                acc[m][2 * j] += f.x;
-                acc[m][2 * j + 1] += f.y;
-            }
+            T2 part[4] = {zero2<T>(), zero2<T>(), zero2<T>(), zero2<T>()};
+            fma_quad<T>(w, xr, part);
+            flush_pairs<T>(part, acc[m]);
         }
     }
 }

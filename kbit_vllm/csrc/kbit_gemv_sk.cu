@@ -146,18 +146,11 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
             const long long tb = static_cast<long long>(t) * nb;
             float* tacc = accum + (static_cast<size_t>(t) * 32 + lane) * (4 * M);  // [r][m] per lane
             sk_red_tile<M>(tacc, acc);
-            __threadfence();
-            __syncwarp();
             const long long wf = sk_owner(tb, units, warps), wl = sk_owner(tb + nb - 1, units, warps);
-            int old = 0;
-            if (lane == 0) old = atomicAdd(counters + t, 1);
-            old = __shfl_sync(0xffffffffu, old, 0);
-            if (old == static_cast<int>(wl - wf)) {  // last of this tile's warps
-                __threadfence();
+            if (sk_warp_arrive_last(counters + t, static_cast<int>(wl - wf))) {  // last of this tile's warps
                 float sum[4][M];
                 sk_take_tile<M>(tacc, sum);
                 sk_store_rows<T, M>(y, bias, N, row0, sum, xinv);
-                if (lane == 0) counters[t] = 0;
             }
         }
 #pragma unroll

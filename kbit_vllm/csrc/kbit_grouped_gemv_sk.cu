@@ -140,20 +140,13 @@ __global__ void __launch_bounds__(kSkThreads, M == 1 ? 3 : 2) grouped_gemv_sk_ke
             const long long slot = static_cast<long long>(item) * n_tiles + t;
             float* tacc = accum + (static_cast<size_t>(slot) * 32 + lane) * (4 * M);  // [r][m] per lane
             sk_red_tile<M>(tacc, acc);
-            __threadfence();
-            __syncwarp();
             const long long tb = item * (static_cast<long long>(n_tiles) * nb) + static_cast<long long>(t) * nb;
             const long long n_units = static_cast<long long>(items) * n_tiles * nb;
             const long long wf = sk_owner(tb, n_units, nwarps), wl = sk_owner(tb + nb - 1, n_units, nwarps);
-            int old = 0;
-            if (lane == 0) old = atomicAdd(counters + slot, 1);
-            old = __shfl_sync(0xffffffffu, old, 0);
-            if (old == static_cast<int>(wl - wf)) {  // last of this tile's warps
-                __threadfence();
+            if (sk_warp_arrive_last(counters + slot, static_cast<int>(wl - wf))) {  // last of this tile's warps
                 float sum[4][M];
                 sk_take_tile<M>(tacc, sum);
                 gsk_store<T, M>(y, N, frow, m0, mr, sum);
-                if (lane == 0) counters[slot] = 0;
             }
         }
         if (left == 1) break;

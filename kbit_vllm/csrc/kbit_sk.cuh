@@ -8,27 +8,17 @@
 // one shared load and one half2 FMA. x is read straight from global memory (a warp-uniform
 // address, so one L1 transaction per 16 bytes).
 // Partial tiles are added into a zeroed fp32 accumulator with vector reductions in L2
-// (red_add4); the order of those additions varies from run to run.
+// (red_add4, stream_k.cuh); the order of those additions varies from run to run.
 #pragma once
 #include "kbit_lut.cuh"
+#include "stream_k.cuh"
 
 #include <type_traits>
 
 namespace kbit {
 
-constexpr int kSkWarps = 8;
-constexpr int kSkThreads = kSkWarps * 32;
 constexpr int kWideLutWords = 256 * 64;  // one 256-byte row per pair code, columns 0..31 used
 constexpr size_t kSkSmem = kWideLutWords * 4;
-
-// First unit of warp w's range [start(w), start(w + 1)).
-__device__ __forceinline__ long long sk_start(long long w, long long units, long long warps) {
-    return w * units / warps;
-}
-// The warp whose range holds unit u (ranges are never empty when warps <= units).
-__device__ __forceinline__ long long sk_owner(long long u, long long units, long long warps) {
-    return ((u + 1) * warps - 1) / units;
-}
 
 // E4M4 without a branch: normal codes are the float bits (raw << 19) + (116 << 23); for e = 0
 // that formula gives 2^-11 + m 2^-15, and the subnormal value m 2^-14 is twice the excess.
@@ -53,19 +43,6 @@ __device__ __forceinline__ void build_wide_lut(uint32_t* tbl, const float* __res
         const uint32_t w = pack2<P>(__ldg(codebook + (e & kMask)), __ldg(codebook + ((e >> 4) & kMask)));
         reinterpret_cast<uint4*>(tbl + e * 64)[q] = make_uint4(w, w, w, w);
     }
-}
-
-// y-row sums: add 4 floats into the tile accumulator in L2 without waiting for the result.
-__device__ __forceinline__ void red_add4(float* dst, float a, float b, float c, float d) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(a), "f"(b), "f"(c), "f"(d)
-                 : "memory");
-#else
-    atomicAdd(dst, a);
-    atomicAdd(dst + 1, b);
-    atomicAdd(dst + 2, c);
-    atomicAdd(dst + 3, d);
-#endif
 }
 
 template <int K>

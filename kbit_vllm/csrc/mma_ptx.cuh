@@ -1,5 +1,6 @@
-// PTX wrappers shared by the tensor-core kernels (kbit_mma.cu, awq_mma.cu): cp.async, ldmatrix,
-// mma.sync.m16n8k16 with fp32 accumulation for fp16 and bf16 operands. sm_80+.
+// PTX wrappers shared by the tensor-core kernels (kbit_mma.cu, awq_mma.cu) and the awq stream-K
+// GEMV (cp.async): cp.async, ldmatrix, mma.sync.m16n8k16 with fp32 accumulation for fp16 and bf16
+// operands. sm_80+.
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>

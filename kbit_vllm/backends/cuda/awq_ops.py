@@ -3,9 +3,10 @@
 Resident CUDA layout (see csrc/awq_common.cuh): wq = qweight^T, int32 [out/8, in], AWQ nibble
 order kept (it is already the LOP3 pair order); sz [in/group, out, 2] in the activation dtype,
 per output pair (s_2p, s_2p+1, b_2p, b_2p+1) with w = q * s + b. Every CUDA tensor uses this
-layout. Dispatch by M (rows after flattening) from DISPATCH: the GEMV / small-batch kernel, the
-tensor-core MMA kernel (split-K into a torch-allocated fp32 workspace), or dequantize into a
-torch buffer + cuBLAS through torch. awq_grouped_linear (MoE) runs the grouped GEMV or grouped
+layout. Dispatch by M (rows after flattening) from DISPATCH: the GEMV / small-batch kernels (the
+stream-K GEMV for M <= 4 where the layer fills a wave, outside deterministic mode, else the warp
+GEMV), the tensor-core MMA kernel (split-K into a torch-allocated fp32 workspace), or dequantize
+into a torch buffer + cuBLAS through torch. awq_grouped_linear (MoE) runs the grouped GEMV or grouped
 MMA over all experts in one launch. fp32 activations, or a GPU the library does not serve,
 use the same layout through PyTorch math.
 """
@@ -22,6 +23,7 @@ from ...formats import awq as awq_fmt
 from .. import reference as ref
 from . import dispatch
 from .library import LIB, check, kernels_usable, sm_count
+from .ops import _scratch
 
 # (largest M for the GEMV kernel, largest M for the MMA kernel) per compute capability, from
 # benchmarks/bench_awq.py on the H200 (benchmarks/RESULTS.md): summed over the Llama shapes GEMV
@@ -75,28 +77,85 @@ def choose_path(m: int, capability: tuple[int, int]) -> str:
     return "mma" if 0 < m <= mma_max else "dequant"
 
 
+# Stream-K GEMV (csrc/awq_gemv_sk.cu): a work unit is one 8-output column group x 512 inputs (4096
+# weights, as a kbit unit), split evenly over the warps of one wave of CTAs.
+SK_WARPS = 8  # warps per CTA
+SK_MAX_M = 4  # instantiated for M = 1..4
+SK_UNIT_INPUTS = 512
+# Units per warp of a full wave at least for the auto "gemv" path; below, the warp GEMV runs. Set
+# as kbit's stream-K rule (ops.SK_MIN_UNITS, H200); awq's own crossover is bench_awq.py's gemv_sk
+# vs gemv_warp columns.
+SK_MIN_UNITS = 3
+_SK_OCC: dict[tuple[int, int, str], int] = {}
+
+
+def gemv_sk_units(in_f: int, out_f: int) -> int:
+    """(column group, 512-input chunk) work units of the stream-K GEMV."""
+    return (out_f // 8) * -(-in_f // SK_UNIT_INPUTS)
+
+
+def gemv_sk_ctas(dev: torch.device, suffix: str, m: int, in_f: int, out_f: int, forced: bool = False) -> int:
+    """One wave of the stream-K GEMV (resident CTAs per SM x SMs); 0 where the warp GEMV is used
+    instead (M > 4, or fewer than SK_MIN_UNITS units per warp of a wave). forced: any grid with
+    >= 1 unit per warp (tests, benchmarks); 0 when even one CTA has too few."""
+    if not 0 < m <= SK_MAX_M:
+        return 0
+    key = (dev.index if dev.index is not None else torch.cuda.current_device(), m, suffix)
+    if key not in _SK_OCC:
+        occ = int(getattr(LIB, f"kbit_vllm_awq_gemv_sk_ctas_per_sm_{suffix}")(ctypes.c_int(m)))
+        if occ <= 0:
+            raise RuntimeError(f"awq stream-K GEMV (M={m}, {suffix}) cannot be resident on this GPU")
+        _SK_OCC[key] = occ
+    units = gemv_sk_units(in_f, out_f)
+    wave = _SK_OCC[key] * sm_count(dev)
+    if forced:
+        return min(wave, units // SK_WARPS)
+    return wave if units >= wave * SK_WARPS * SK_MIN_UNITS else 0
+
+
 def linear_path(x2: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, bias: torch.Tensor | None,
                 group_size: int, out_features: int, path: str) -> torch.Tensor:
-    """y [m, out] = x2 [m, in] @ W^T + bias through one named kernel path (benchmarks call it too)."""
+    """y [m, out] = x2 [m, in] @ W^T + bias through one named kernel path (benchmarks call it too).
+
+    "gemv" is the stream-K GEMV for M <= 4 where the layer has enough units for a full wave (outside
+    deterministic mode), else the warp GEMV; "gemv_sk" and "gemv_warp" name one of them. "mma" is
+    the tensor-core kernel, "dequant" dequantize + cuBLAS.
+    """
     m, in_f = x2.shape
+    dev = x2.device
     suffix = _SUFFIX[x2.dtype]
-    stream = ctypes.c_void_p(torch.cuda.current_stream(x2.device).cuda_stream)
+    stream = ctypes.c_void_p(torch.cuda.current_stream(dev).cuda_stream)
     dims = (ctypes.c_int(in_f), ctypes.c_int(out_features), ctypes.c_int(group_size), stream)
-    with torch.cuda.device(x2.device):
+    with torch.cuda.device(dev):
         if path == "dequant":
-            w = torch.empty((out_features, in_f), dtype=x2.dtype, device=x2.device)
+            w = torch.empty((out_features, in_f), dtype=x2.dtype, device=dev)
             check(getattr(LIB, f"kbit_vllm_awq_dequant_{suffix}")(_ptr(wq), _ptr(sz), _ptr(w), *dims), "awq_dequant")
             return F.linear(x2, w, bias)
-        y = torch.empty((m, out_features), dtype=x2.dtype, device=x2.device)
-        if path == "gemv":
+        y = torch.empty((m, out_features), dtype=x2.dtype, device=dev)
+        if m == 0:
+            return y
+        use_sk = (path == "gemv" and not dispatch.deterministic()) or path == "gemv_sk"
+        ctas = gemv_sk_ctas(dev, suffix, m, in_f, out_features, forced=path == "gemv_sk") if use_sk else 0
+        if path == "gemv_sk" and ctas == 0:
+            raise ValueError(f"awq_linear gemv_sk path takes M <= {SK_MAX_M} and >= {SK_WARPS} work units, got "
+                             f"M={m}, units={gemv_sk_units(in_f, out_features)}")
+        if ctas > 0:
+            acc = _scratch(dev, "accum", out_features * m)
+            ctr = _scratch(dev, "counters", out_features // 8)
+            check(getattr(LIB, f"kbit_vllm_awq_gemv_sk_{suffix}")(
+                _ptr(x2), _ptr(wq), _ptr(sz), _ptr(bias), _ptr(y), ctypes.c_int(m), *dims[:3], ctypes.c_int(ctas),
+                _ptr(acc), _ptr(ctr), stream), "awq_gemv (stream-K)")
+        elif path in ("gemv", "gemv_warp"):
             check(getattr(LIB, f"kbit_vllm_awq_gemv_{suffix}")(
                 _ptr(x2), _ptr(wq), _ptr(sz), _ptr(bias), _ptr(y), ctypes.c_int(m), *dims), "awq_gemv")
-        else:
+        elif path == "mma":
             splits = int(LIB.kbit_vllm_awq_mma_splits(ctypes.c_int(m), ctypes.c_int(in_f), ctypes.c_int(out_features)))
             ws = torch.empty((splits * m * out_features if splits > 1 else 0,), dtype=torch.float32, device=x2.device)
             check(getattr(LIB, f"kbit_vllm_awq_mma_{suffix}")(
                 _ptr(x2), _ptr(wq), _ptr(sz), _ptr(bias), _ptr(y), _ptr(ws if splits > 1 else None),
                 ctypes.c_int(splits), ctypes.c_int(m), *dims), "awq_mma")
+        else:
+            raise ValueError(f"unknown awq_linear path {path!r}")
         return y
 
 

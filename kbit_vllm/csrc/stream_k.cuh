@@ -1,0 +1,87 @@
+// Stream-K pieces shared by the one-wave GEMVs of both formats (kbit_gemv_sk.cu,
+// kbit_grouped_gemv_sk.cu, awq_gemv_sk.cu) and the kbit MMA: the split of all work units into
+// equal contiguous ranges (one per warp or CTA), the vector reduction into a zeroed fp32
+// accumulator in L2, the per-tile arrival counter that elects the warp which finishes a tile, and
+// a warp reduce-scatter for kernels whose lanes split K.
+//
+// Accumulators and counters are zero on entry and left zero by the warp that finishes each tile,
+// so one zeroed scratch buffer serves every launch and every CUDA-graph replay. The order of the
+// fp32 additions varies from run to run (deterministic mode picks other kernels).
+#pragma once
+#include "common.cuh"
+
+namespace kbit {
+
+constexpr int kSkWarps = 8;  // warps per CTA of the stream-K GEMVs
+constexpr int kSkThreads = kSkWarps * 32;
+
+// First unit of range w of `ranges` equal ranges over `units`: [start(w), start(w + 1)).
+__device__ __forceinline__ long long sk_start(long long w, long long units, long long ranges) {
+    return w * units / ranges;
+}
+// The range that holds unit u (ranges are never empty when ranges <= units).
+__device__ __forceinline__ long long sk_owner(long long u, long long units, long long ranges) {
+    return ((u + 1) * ranges - 1) / units;
+}
+
+// y-row sums: add 4 floats into the tile accumulator in L2 without waiting for the result.
+__device__ __forceinline__ void red_add4(float* dst, float a, float b, float c, float d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(a), "f"(b), "f"(c), "f"(d)
+                 : "memory");
+#else
+    atomicAdd(dst, a);
+    atomicAdd(dst + 1, b);
+    atomicAdd(dst + 2, c);
+    atomicAdd(dst + 3, d);
+#endif
+}
+
+// Called by a whole warp after its reductions into a tile's accumulator: counts the warp in at
+// the tile's counter and returns true (in every lane) for the last of the tile's `others` + 1
+// warps, which then sees every warp's sums (read them with __ldcg) and must leave the
+// accumulator zeroed; the counter is reset here.
+__device__ __forceinline__ bool sk_warp_arrive_last(int* counter, int others) {
+    __threadfence();
+    __syncwarp();
+    int old = 0;
+    if ((threadIdx.x & 31) == 0) old = atomicAdd(counter, 1);
+    old = __shfl_sync(0xffffffffu, old, 0);
+    if (old != others) return false;
+    __threadfence();
+    if ((threadIdx.x & 31) == 0) *counter = 0;  // no other warp touches it again in this launch
+    return true;
+}
+
+// One step of warp_reduce_scatter per H = N/2, N/4, ..., 1: trade H values with the lane
+// 32H / N away; lanes with that bit set keep the upper half v[H..2H) (moved down), the others
+// the lower half. (Template recursion: every index stays a constant, so v stays in registers.)
+template <int N, int H>
+__device__ __forceinline__ void reduce_scatter_steps(float (&v)[N], int lane) {
+    if constexpr (H >= 1) {
+        constexpr int o = 32 * H / N;
+        const bool up = (lane & o) != 0;
+#pragma unroll
+        for (int i = 0; i < H; ++i) {
+            const float send = up ? v[i] : v[i + H];
+            const float keep = up ? v[i + H] : v[i];
+            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+        }
+        reduce_scatter_steps<N, H / 2>(v, lane);
+    }
+}
+
+// Warp reduce-scatter of N (a power of two, 1..32) values per lane: returns the warp-wide sum of
+// v[lane / (32 / N)] (lanes of one group of 32 / N hold the same sum). N - 1 + log2(32 / N)
+// shuffles; v is clobbered.
+template <int N>
+__device__ __forceinline__ float warp_reduce_scatter(float (&v)[N]) {
+    static_assert(N >= 1 && N <= 32 && (N & (N - 1)) == 0, "N must be a power of two <= 32");
+    reduce_scatter_steps<N, N / 2>(v, threadIdx.x & 31);
+    float r = v[0];
+#pragma unroll
+    for (int o = 16 / N; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+    return r;
+}
+
+}  // namespace kbit
