@@ -1,7 +1,7 @@
 """Calls every CUDA kernel family once on small shapes, for compute-sanitizer (scripts/sanitize.sh).
 
 dense kbit: quantize (fp16/bf16/fp32), dequantize, repack, unrepack, GEMV (stream-K and cluster),
-MMA (split-K and not), tiled dequant + cuBLAS; awq: repack, GEMV, MMA (split-K), dequant; grouped
+MMA (split-K and not), tiled dequant + cuBLAS; awq: repack, GEMV (stream-K, warp), MMA, dequant; grouped
 kbit: stream-K GEMV, slot GEMV, MMA (bm 16 / 64, split-K, deterministic and not); grouped awq:
 GEMV, MMA. Both activation dtypes. Outputs are compared with the PyTorch path loosely (a crash or
 garbage fails the run, precision is the fuzz sweep's job). Prints one line per call.
@@ -124,7 +124,7 @@ def awq(dtype: torch.dtype) -> None:
     qw, qz, sc = (t.to(DEV) for t in quantize_awq_rtn(torch.randn(out_f, in_f, generator=g), gs))
     wq, sz = ops.awq_repack(qw, qz, sc, gs, dtype)
     w = ops.awq_dequantize(qw, qz, sc, gs).to(torch.float32)
-    for m, path in ((1, "gemv"), (5, "gemv"), (16, "mma"), (48, "mma"), (100, "dequant")):
+    for m, path in ((1, "gemv_sk"), (3, "gemv_sk"), (1, "gemv"), (5, "gemv"), (16, "mma"), (48, "mma"), (100, "dequant")):
         x = torch.randn(m, in_f, generator=g).to(dtype).to(DEV)
         bias = torch.randn(out_f, generator=g).to(dtype).to(DEV)
         check(f"awq_linear {path} m={m} {dtype}", awq_ops.linear_path(x, wq, sz, bias, gs, out_f, path),
