@@ -124,7 +124,8 @@ def awq(dtype: torch.dtype) -> None:
     qw, qz, sc = (t.to(DEV) for t in quantize_awq_rtn(torch.randn(out_f, in_f, generator=g), gs))
     wq, sz = ops.awq_repack(qw, qz, sc, gs, dtype)
     w = ops.awq_dequantize(qw, qz, sc, gs).to(torch.float32)
-    for m, path in ((1, "gemv_sk"), (3, "gemv_sk"), (1, "gemv"), (5, "gemv"), (16, "mma"), (48, "mma"), (100, "dequant")):
+    for m, path in ((1, "gemv_sk"), (3, "gemv_sk"), (1, "gemv"), (5, "gemv"), (16, "mma"), (48, "mma"),
+                    (100, "dequant")):
         x = torch.randn(m, in_f, generator=g).to(dtype).to(DEV)
         bias = torch.randn(out_f, generator=g).to(dtype).to(DEV)
         check(f"awq_linear {path} m={m} {dtype}", awq_ops.linear_path(x, wq, sz, bias, gs, out_f, path),
