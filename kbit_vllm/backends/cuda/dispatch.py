@@ -35,12 +35,19 @@ def thresholds(capability: tuple[int, int]) -> tuple[int, int]:
     return THRESHOLDS.get(capability, DEFAULT)
 
 
-def choose_path(m: int, capability: tuple[int, int]) -> str:
-    """'gemv', 'mma' or 'dequant' for an activation with m rows."""
+# Above MMA_SMALL_LAYER_M rows, layers of at most MMA_SMALL_LAYER weights go to dequantize + cuBLAS:
+# H200 2026-11-21 session 3, k=4 M=64 µs (MMA / dequant+cuBLAS): 4096x6144 35.7 / 31.4, 4096x4096
+# 31.3 / 21.6, but 4096x28672 108 / 141 and 14336x4096 61 / 79.
+MMA_SMALL_LAYER_M = 32
+MMA_SMALL_LAYER = 32 * 1024 * 1024
+
+
+def choose_path(m: int, capability: tuple[int, int], weights: int | None = None) -> str:
+    """'gemv', 'mma' or 'dequant' for an activation with m rows (weights: in x out of the layer)."""
     gemv_max, mma_max = thresholds(capability)
     if m <= min(gemv_max, GEMV_MAX_M):
         return "gemv"
-    if m <= mma_max:
+    if m <= mma_max and not (m > MMA_SMALL_LAYER_M and weights is not None and weights <= MMA_SMALL_LAYER):
         return "mma"
     return "dequant"
 
