@@ -25,8 +25,8 @@
 // showed no such step.)
 // Occupancy: BM <= 32 keeps 3 CTAs (24 warps) per SM, BM = 64 2 and BM = 128 1; bm16 uses 6
 // stages (its stages are small), so every SM has more weight bytes in flight.
+#include "kbit_mma_frag.cuh"
 #include "kbit_sk.cuh"
-#include "mma_ptx.cuh"
 #include "moe_common.cuh"
 
 namespace kbit {
@@ -61,20 +61,6 @@ struct GmmaCfg {
     static_assert(kMT >= 1 && kNT >= 1 && kStageBytes % 16 == 0, "bad grouped MMA tile");
     static_assert(kMinCtas * (kBytes + 1024) <= 228 * 1024, "kMinCtas CTAs must fit one SM's shared memory");
 };
-
-// Product of two registers of two 16-bit values each (round to nearest).
-template <typename T>
-__device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b);
-template <>
-__device__ __forceinline__ uint32_t mul2<half>(uint32_t a, uint32_t b) {
-    return h2_bits(__hmul2(bits_h2(a), bits_h2(b)));
-}
-template <>
-__device__ __forceinline__ uint32_t mul2<__nv_bfloat16>(uint32_t a, uint32_t b) {
-    const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a),
-                                     *reinterpret_cast<const __nv_bfloat162*>(&b));
-    return *reinterpret_cast<const uint32_t*>(&r);
-}
 
 // fp32 pair (a, b) at features c, c + 1 of a row (b only if c + 1 < N): one 8-byte store when
 // pairs (N even, so c even is 8-byte aligned in an aligned buffer).
@@ -195,28 +181,20 @@ __global__ void __launch_bounds__(kGmThreads, GmmaCfg<K, BM>::kMinCtas) grouped_
                 if constexpr (S::kLut) {
                     const uint32_t gw = group_word<K>(p, g);
                     const uint32_t s2 = pack2<T>(sc, sc);
-                    bf[s][0] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + lut_off<0>(gw, g, lane4)), s2);
-                    bf[s][1] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + lut_off<1>(gw, g, lane4)), s2);
-                    bf[s][2] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + lut_off<2>(gw, g, lane4)), s2);
-                    bf[s][3] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + lut_off<3>(gw, g, lane4)), s2);
+                    bf[s][0] = lut_b<T, 0>(tblc, gw, g, lane4, s2);
+                    bf[s][1] = lut_b<T, 1>(tblc, gw, g, lane4, s2);
+                    bf[s][2] = lut_b<T, 2>(tblc, gw, g, lane4, s2);
+                    bf[s][3] = lut_b<T, 3>(tblc, gw, g, lane4, s2);
                 } else {
-                    float v[8];
-                    decode_group<K>(p, g, cbl, v);
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) bf[s][q] = pack2<T>(v[2 * q] * sc, v[2 * q + 1] * sc);
+                    shfl_b4<T, K>(p, g, cbl, sc, bf[s]);
                 }
             }
 #pragma unroll
             for (int kk = 0; kk < 2; ++kk) {
+                uint32_t bk[S::kNT][2];
 #pragma unroll
-                for (int i = 0; i < S::kMT; ++i) {
-                    const int r = (wm * S::kMT + i) * 16 + (lane & 15);
-                    const int ch = blk * 4 + kk * 2 + (lane >> 4);
-                    uint32_t af[4];
-                    ldmatrix_x4(af, a_base + r * 128 + ((ch ^ (r & 7)) << 4));
-#pragma unroll
-                    for (int s = 0; s < S::kNT; ++s) mma16816<T>(acc[i][s], af, bf[s][2 * kk], bf[s][2 * kk + 1]);
-                }
+                for (int s = 0; s < S::kNT; ++s) bk[s][0] = bf[s][2 * kk], bk[s][1] = bf[s][2 * kk + 1];
+                mma_k16<T, S::kMT, S::kNT>(acc, a_base, wm * S::kMT * 16, blk, kk, lane, bk);
             }
         }
     }

@@ -22,8 +22,8 @@
 // writes them to a slot per (CTA, head/tail) and the last CTA sums the slots in CTA order.
 // Either way the last CTA of a row tile (per-tile counter) writes y, adds bias, and leaves the
 // accumulator and counter zero for the next call (graph replays included).
+#include "kbit_mma_frag.cuh"
 #include "kbit_sk.cuh"
-#include "mma_ptx.cuh"
 
 namespace kbit {
 
@@ -57,20 +57,6 @@ struct MmaCfg {
     static constexpr int kMinBlocks = 2;
     static_assert(kStageBytes % 16 == 0 && kNS * 8 * kWarpsPerTile == kTileN, "bad MMA tile");
 };
-
-// Product of two registers of two 16-bit values each (round to nearest).
-template <typename T>
-__device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b);
-template <>
-__device__ __forceinline__ uint32_t mul2<half>(uint32_t a, uint32_t b) {
-    return h2_bits(__hmul2(bits_h2(a), bits_h2(b)));
-}
-template <>
-__device__ __forceinline__ uint32_t mul2<__nv_bfloat16>(uint32_t a, uint32_t b) {
-    const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a),
-                                     *reinterpret_cast<const __nv_bfloat162*>(&b));
-    return *reinterpret_cast<const uint32_t*>(&r);
-}
 
 // NS adjacent plane words / absmax bytes of one lane (NS = 2 or 4).
 template <int NS>
@@ -243,11 +229,11 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW>::kMinBlocks) mm
             const uint32_t a_base = smem_u32(base + S::kBWords * 4);
             const uint8_t* abs_s = base + S::kBWords * 4 + S::kABytes + tw_w * kMmaBK * kTileN;
             const int c0 = wbase + NS * col8;  // column in the layout tile
-    #pragma unroll
+#pragma unroll
             for (int blk = 0; blk < kMmaBK; ++blk) {
                 using Wd = Words<NS>;
                 typename Wd::V pw[K];
-    #pragma unroll
+#pragma unroll
                 for (int b = 0; b < K; ++b)
                     pw[b] = *reinterpret_cast<const typename Wd::V*>(b_s + (blk * K + b) * kTileN + c0);
                 const uint32_t ab = Wd::abs(abs_s + blk * kTileN + c0);
@@ -256,59 +242,42 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW>::kMinBlocks) mm
                     // (8 fewer live registers at NS = 4: at the 128-register cap the allocator was
                     // shuffling accumulators with ~2 moves per HMMA).
                     uint32_t gw[NS], s2[NS];
-    #pragma unroll
+#pragma unroll
                     for (int s = 0; s < NS; ++s) {
                         uint32_t p[K];
-    #pragma unroll
+#pragma unroll
                         for (int b = 0; b < K; ++b) p[b] = Wd::at(pw[b], s);
                         const float sc = decode_e4m4_fast((ab >> (8 * s)) & 0xFFu);
                         gw[s] = group_word<K>(p, g);
                         s2[s] = pack2<T>(sc, sc);
                     }
-    #pragma unroll
+#pragma unroll
                     for (int kk = 0; kk < 2; ++kk) {
                         uint32_t bf[NS][2];  // b0, b1 of k16 half kk
-    #pragma unroll
+#pragma unroll
                         for (int s = 0; s < NS; ++s) {
                             const uint32_t o0 = kk == 0 ? lut_off<0>(gw[s], g, lane4) : lut_off<2>(gw[s], g, lane4);
                             const uint32_t o1 = kk == 0 ? lut_off<1>(gw[s], g, lane4) : lut_off<3>(gw[s], g, lane4);
                             bf[s][0] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + o0), s2[s]);
                             bf[s][1] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + o1), s2[s]);
                         }
-    #pragma unroll
-                        for (int i = 0; i < MB; ++i) {
-                            const int r = i * 16 + (lane & 15);
-                            const int ch = blk * 4 + kk * 2 + (lane >> 4);
-                            uint32_t af[4];
-                            ldmatrix_x4(af, a_base + r * 128 + ((ch ^ (r & 7)) << 4));
-    #pragma unroll
-                            for (int s = 0; s < NS; ++s) mma16816<T>(acc[i][s], af, bf[s][0], bf[s][1]);
-                        }
+                        mma_k16<T, MB, NS>(acc, a_base, 0, blk, kk, lane, bf);
                     }
                 } else {
                     uint32_t bf[NS][4];  // [n8 sub-tile][b0, b1 of k16 #0, b0, b1 of k16 #1]
-    #pragma unroll
+#pragma unroll
                     for (int s = 0; s < NS; ++s) {
                         uint32_t p[K];
-    #pragma unroll
+#pragma unroll
                         for (int b = 0; b < K; ++b) p[b] = Wd::at(pw[b], s);
-                        const float sc = decode_e4m4_fast((ab >> (8 * s)) & 0xFFu);
-                        float v[8];
-                        decode_group<K>(p, g, cbl, v);
-    #pragma unroll
-                        for (int q = 0; q < 4; ++q) bf[s][q] = pack2<T>(v[2 * q] * sc, v[2 * q + 1] * sc);
+                        shfl_b4<T, K>(p, g, cbl, decode_e4m4_fast((ab >> (8 * s)) & 0xFFu), bf[s]);
                     }
-    #pragma unroll
+#pragma unroll
                     for (int kk = 0; kk < 2; ++kk) {
-    #pragma unroll
-                        for (int i = 0; i < MB; ++i) {
-                            const int r = i * 16 + (lane & 15);
-                            const int ch = blk * 4 + kk * 2 + (lane >> 4);
-                            uint32_t af[4];
-                            ldmatrix_x4(af, a_base + r * 128 + ((ch ^ (r & 7)) << 4));
-    #pragma unroll
-                            for (int s = 0; s < NS; ++s) mma16816<T>(acc[i][s], af, bf[s][2 * kk], bf[s][2 * kk + 1]);
-                        }
+                        uint32_t bk[NS][2];
+#pragma unroll
+                        for (int s = 0; s < NS; ++s) bk[s][0] = bf[s][2 * kk], bk[s][1] = bf[s][2 * kk + 1];
+                        mma_k16<T, MB, NS>(acc, a_base, 0, blk, kk, lane, bk);
                     }
                 }
             }
