@@ -26,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import vllm_helpers as H  # noqa: E402
 
+from kbit_vllm.cli.server import stop_server  # noqa: E402
+
 # Joins the message contents: the word-level test tokenizer has no chat template of its own.
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
 
@@ -56,7 +58,7 @@ def start_server(folder: Path, port: int, log_path: Path, bits: int, dtype: str,
            "--quantization", "kbit", "--hf-overrides", overrides, "--dtype", dtype,
            "--enforce-eager", "--max-model-len", "128", "--max-num-seqs", str(max_num_seqs),
            "--chat-template", str(tmpl), "--disable-log-stats"]
-    log = open(log_path, "w")  # noqa: SIM115 - the child holds it; closed by stop_server
+    log = open(log_path, "w")  # noqa: SIM115 - the child holds it; closed by stop_server_and_log
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
     proc._kbit_log = log  # type: ignore[attr-defined]
     return proc
@@ -79,13 +81,8 @@ def wait_ready(proc: subprocess.Popen, port: int, log_path: Path, timeout: float
             time.sleep(1)
 
 
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+def stop_server_and_log(proc: subprocess.Popen) -> None:
+    stop_server(proc)
     proc._kbit_log.close()  # type: ignore[attr-defined]
 
 
@@ -148,7 +145,7 @@ def run_load(workdir: Path, n: int = 64, max_tokens: int = 16, bits: int = 4, dt
                 "concurrent_tok_s": round(tokens / t_conc, 1),
                 "concurrent_req_s": round(n / t_conc, 2), "all_equal": True, "server_alive": alive}
     finally:
-        stop_server(proc)
+        stop_server_and_log(proc)
 
 
 def main() -> None:

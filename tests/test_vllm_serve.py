@@ -17,6 +17,8 @@ openai = pytest.importorskip("openai")
 
 import vllm_helpers as H  # noqa: E402
 
+from kbit_vllm.cli.server import stop_server  # noqa: E402
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -55,10 +57,5 @@ def test_openai_server_kbit(tmp_path: Path) -> None:
         log_text = (tmp_path / "server.log").read_text()
         assert "bits=3" in log_text or "quantization=kbit" in log_text
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc)
         log.close()

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ._common import bundled_model, mib, weight_file_bytes
 from .quantize import QuantizeReport, quantize_folder
+from .server import stop_server
 
 DEFAULT_PROMPT = 'The "with" statement'
 SERVED_NAME = "kbit-demo"
@@ -125,20 +126,6 @@ def _tail(log: Path, n: int = 40) -> str:
         return "(no log)"
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM the server's process group (engine core, workers), then SIGKILL after 30 s."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        pass
-
-
 def _raise_interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
@@ -189,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         if proc is not None:
-            _stop(proc)
+            stop_server(proc)
         signal.signal(signal.SIGTERM, old_term)
 
     n = resp.usage.completion_tokens
