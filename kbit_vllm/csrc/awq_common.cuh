@@ -212,4 +212,19 @@ inline int warps_per_group(int in, long long col_groups) {
     return wpo;
 }
 
+// Butterfly-reduce each of the M * 8 per-lane sums of a warp's column group over its lanes; lane
+// (i % 32) writes sum i to red_w[i] (the caller syncs before other warps read red_w).
+template <int M>
+__device__ __forceinline__ void warp_sums_to_shared(const float (&acc)[M][8], float* red_w, int lane) {
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int o = 0; o < 8; ++o) {
+            float v = acc[m][o];
+#pragma unroll
+            for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffffu, v, s);
+            if (lane == (m * 8 + o) % 32) red_w[m * 8 + o] = v;
+        }
+}
+
 }  // namespace awq

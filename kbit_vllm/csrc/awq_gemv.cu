@@ -26,16 +26,7 @@ gemv_kernel(const T* __restrict__ x, const int4* __restrict__ wq, const T* __res
         const int4* wrow = wq + static_cast<size_t>(c) * (in / 4);
         gemv_accumulate<T, M>(x, in, M - 1, wrow, sz, out, group, c, wi * 32 + lane, wpo * 32, acc);
     }
-    // Butterfly-reduce each of the M*8 sums over the lanes; lane (i % 32) keeps sum i.
-#pragma unroll
-    for (int m = 0; m < M; ++m)
-#pragma unroll
-        for (int o = 0; o < 8; ++o) {
-            float v = acc[m][o];
-#pragma unroll
-            for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffffu, v, s);
-            if (lane == (m * 8 + o) % 32) red[warp][m * 8 + o] = v;
-        }
+    warp_sums_to_shared<M>(acc, red[warp], lane);
     __syncthreads();
     if (valid && wi == 0) {
         for (int i = lane; i < M * 8; i += 32) {

@@ -38,15 +38,7 @@ __device__ __forceinline__ void grouped_gemv_rows(const T* __restrict__ x, const
         if (valid)
             gemv_accumulate<T, MP>(x + static_cast<size_t>(m0) * in, in, mr - 1, wrow, sz_e, out, group, c,
                                    wi * 32 + lane, wpo * 32, acc);
-#pragma unroll
-        for (int m = 0; m < MP; ++m)
-#pragma unroll
-            for (int o = 0; o < 8; ++o) {
-                float v = acc[m][o];
-#pragma unroll
-                for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffffu, v, s);
-                if (lane == (m * 8 + o) % 32) red[warp][m * 8 + o] = v;
-            }
+        warp_sums_to_shared<MP>(acc, red[warp], lane);
         __syncthreads();
         if (valid && wi == 0) {
             for (int i = lane; i < mr * 8; i += 32) {
