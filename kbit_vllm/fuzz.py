@@ -361,6 +361,17 @@ class Runner:
         offs[1:] = counts.cumsum(0)
         return offs.to(_pick(self.gen, (torch.int32, torch.int64)))
 
+    def _grouped_inputs(self, rows: int, n_exp: int, in_f: int, out_f: int, dtype: torch.dtype, nonfinite: bool,
+                        ws: list[torch.Tensor], rec: dict[str, Any]) -> tuple[Any, ...]:
+        """Routing, activations, float64 references and the record of a grouped case whose experts'
+        weights (ws, float64 [out, in] each) are drawn."""
+        offs = self._offsets(rows, n_exp).to(self.device)
+        x, bad = _x(self.gen, rows, in_f, dtype, self.device, nonfinite)
+        want, o = _grouped_want(x, offs, ws, out_f)
+        rec = {**rec, "in": in_f, "out": out_f, "m": rows, "experts": n_exp, "max_tokens_per_expert": _max_tokens(o),
+               "nonfinite": nonfinite}
+        return offs, x, bad, want, rec
+
     def kbit_grouped(self) -> None:
         g, dev = self.gen, self.device
         k, dtype = _pick(g, KS), _pick(g, DTYPES)
@@ -375,12 +386,9 @@ class Runner:
             pt, at = ops.kbit_repack(p, a, k)
             pts.append(pt), ats.append(at), ws.append(ref_kbit_weight(ref_codes_serialized(p, k), a, cb))
         pt, at = torch.stack(pts), torch.stack(ats)
-        offs = self._offsets(rows, n_exp).to(dev)
-        x, bad = _x(g, rows, in_f, dtype, dev, nonfinite)
-        want, o = _grouped_want(x, offs, ws, out_f)
-        rec = {"op": "kbit_grouped_linear", "k": k, "dtype": str(dtype).split(".")[-1], "in": in_f, "out": out_f,
-               "m": rows, "experts": n_exp, "max_tokens_per_expert": _max_tokens(o),
-               "nonfinite": nonfinite}
+        offs, x, bad, want, rec = self._grouped_inputs(
+            rows, n_exp, in_f, out_f, dtype, nonfinite, ws,
+            {"op": "kbit_grouped_linear", "k": k, "dtype": str(dtype).split(".")[-1]})
         det = self._det()
         orec = {**rec, "path": "op", "deterministic": det}
         y = self._run_det(det, lambda: ops.kbit_grouped_linear(x, pt, at, cb, offs, k, out_f), orec)
@@ -438,7 +446,7 @@ class Runner:
                 self._check_linear({**rec, "path": path}, y, want, bad, dtype)
 
     def awq_grouped(self) -> None:
-        g, dev = self.gen, self.device
+        g = self.gen
         gs, dtype = _pick(g, GROUPS), _pick(g, DTYPES)
         out_f = _rand_in(g, _pick(g, (8, 16, 64)), self.sizes["out"] // 2)
         in_f = _rand_in(g, gs, self.sizes["in"] // 2)
@@ -451,12 +459,9 @@ class Runner:
             wq, sz = ops.awq_repack(qw, qz, sc, gs, dtype)
             wqs.append(wq), szs.append(sz), ws.append(ref_awq_weight(qw, qz, sc, gs))
         wq, sz = torch.stack(wqs), torch.stack(szs)
-        offs = self._offsets(rows, n_exp).to(dev)
-        x, bad = _x(g, rows, in_f, dtype, dev, nonfinite)
-        want, o = _grouped_want(x, offs, ws, out_f)
-        rec = {"op": "awq_grouped_linear", "group": gs, "dtype": str(dtype).split(".")[-1], "in": in_f, "out": out_f,
-               "m": rows, "experts": n_exp, "max_tokens_per_expert": _max_tokens(o),
-               "nonfinite": nonfinite}
+        offs, x, bad, want, rec = self._grouped_inputs(
+            rows, n_exp, in_f, out_f, dtype, nonfinite, ws,
+            {"op": "awq_grouped_linear", "group": gs, "dtype": str(dtype).split(".")[-1]})
         self._check_linear({**rec, "path": "op"}, ops.awq_grouped_linear(x, wq, sz, offs, gs, out_f), want, bad, dtype)
         if self.cuda and dtype != torch.float32:
             from .backends.cuda import awq_ops
