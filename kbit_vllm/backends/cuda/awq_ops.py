@@ -23,7 +23,7 @@ from ...formats import awq as awq_fmt
 from .. import reference as ref
 from . import dispatch
 from .library import LIB, check, kernels_usable, sm_count
-from .ops import _scratch
+from .scratch import scratch
 
 # (largest M for the GEMV kernel, largest M for the MMA kernel) per compute capability, from
 # benchmarks/bench_awq.py on the H200 (benchmarks/RESULTS.md): summed over the Llama shapes GEMV
@@ -144,8 +144,8 @@ def linear_path(x2: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, bias: torc
             raise ValueError(f"awq_linear gemv_sk path takes M <= {SK_MAX_M} and >= {SK_WARPS} work units, got "
                              f"M={m}, units={gemv_sk_units(in_f, out_features)}")
         if ctas > 0:
-            acc = _scratch(dev, "accum", out_features * m)
-            ctr = _scratch(dev, "counters", out_features // 8)
+            acc = scratch(dev, "accum", out_features * m)
+            ctr = scratch(dev, "counters", out_features // 8)
             check(getattr(LIB, f"kbit_vllm_awq_gemv_sk_{suffix}")(
                 _ptr(x2), _ptr(wq), _ptr(sz), _ptr(bias), _ptr(y), ctypes.c_int(m), *dims[:3], ctypes.c_int(ctas),
                 _ptr(acc), _ptr(ctr), stream), "awq_gemv (stream-K)")

@@ -17,6 +17,7 @@ from ...formats import block_absmax, check_block_absmax
 from .. import reference as ref
 from . import dispatch
 from .library import LIB, check, sm_count
+from .scratch import scratch
 
 _QUANT_FN = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 _ACT_FN = {torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -95,28 +96,6 @@ def kbit_unrepack(packed_tiled: torch.Tensor, absmax_tiled: torch.Tensor, k: int
     return p, a
 
 
-# --- split-K scratch -----------------------------------------------------------------------
-# Tile counters must be zero on entry; the MMA kernel leaves them zero, so one zeroed buffer per
-# device serves every call (and every captured graph). Buffers are never freed once handed out:
-# a captured graph keeps using the pointer it saw. The fp32 partials need no zeroing.
-_SCRATCH: dict[tuple[int, str], list[torch.Tensor]] = {}
-
-
-def _scratch(device: torch.device, kind: str, numel: int) -> torch.Tensor:
-    key = (device.index if device.index is not None else torch.cuda.current_device(), kind)
-    held = _SCRATCH.setdefault(key, [])
-    if held and held[-1].numel() >= numel:
-        return held[-1]
-    size = max(numel, 2 * held[-1].numel() if held else 0, 1 << 16)
-    if kind == "counters":
-        t = torch.zeros(size, dtype=torch.int32, device=device)
-    elif kind == "accum":  # zeroed fp32 sums, left zeroed by the kernels that use them
-        t = torch.zeros(size, dtype=torch.float32, device=device)
-    else:
-        t = torch.empty(size, dtype=torch.float32, device=device)
-    if not torch.cuda.is_current_stream_capturing():
-        held.append(t)  # memory from a graph's private pool must not outlive that graph's use
-    return t
 
 
 MMA_MB = (1, 2, 4)  # x rows per row tile / 16 (csrc/kbit_mma.cu instantiations)
@@ -217,8 +196,8 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
         raise ValueError(f"kbit_linear gemv_sk path takes k <= 4 and >= {SK_WARPS} (tile, block) units, "
                          f"got k={k}, units={((out_features + 127) // 128) * nb}")
     if ctas > 0:
-        ws = _scratch(dev, "accum", ((out_features + 127) // 128) * 128 * m)
-        ctr = _scratch(dev, "counters", (out_features + 127) // 128)
+        ws = scratch(dev, "accum", ((out_features + 127) // 128) * 128 * m)
+        ctr = scratch(dev, "counters", (out_features + 127) // 128)
         check(getattr(LIB, f"kbit_vllm_gemv_sk_{sfx}")(
             _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(bias), _i(k), _i(m),
             _i(out_features), _i(nb), _ptr(y), _i(ctas), _ptr(ws), _ptr(ctr), stream), "kbit_linear (gemv)")
@@ -237,9 +216,9 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
     tile_floats = 16 * mb * 128 * tw
     # Partial row tiles: a zeroed accumulator per row tile (left zeroed), or in deterministic
     # mode a slot per (CTA, head / tail segment) that the last CTA sums in CTA order.
-    ws = (_scratch(dev, "partials", 2 * ctas * tile_floats) if det
-          else _scratch(dev, "accum", row_tiles * tile_floats))
-    ctr = _scratch(dev, "counters", row_tiles)
+    ws = (scratch(dev, "partials", 2 * ctas * tile_floats) if det
+          else scratch(dev, "accum", row_tiles * tile_floats))
+    ctr = scratch(dev, "counters", row_tiles)
     check(getattr(LIB, f"kbit_vllm_mma_{sfx}")(
         _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(bias), _i(k), _i(m),
         _i(out_features), _i(nb), _ptr(y), _i(mb), _i(tw), _i(ctas), _i(int(det)), _ptr(ws), _ptr(ctr), stream),
@@ -351,8 +330,8 @@ def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
         mp, max_items, ctas = grouped_gemv_sk_config(dev, sfx, k, rows, n_exp, out_features, nb)
         if ctas > 0 and (path == "gemv_sk" or not dispatch.grouped_slot_gemv(
                 slots, n_tiles, nb, torch.cuda.get_device_capability(dev))):
-            acc = _scratch(dev, "accum", max_items * n_tiles * 128 * mp)
-            ctr = _scratch(dev, "counters", max_items * n_tiles)
+            acc = scratch(dev, "accum", max_items * n_tiles * 128 * mp)
+            ctr = scratch(dev, "counters", max_items * n_tiles)
             check(getattr(LIB, f"kbit_vllm_grouped_gemv_sk_{sfx}")(
                 _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(offsets), _ptr(y), _i(k),
                 _i(n_exp), _i(rows), _i(out_features), _i(nb), _i(mp), _i(max_items), _i(ctas), _ptr(acc),
@@ -371,8 +350,8 @@ def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
                                            torch.cuda.get_device_capability(dev))
     ws = ctr = None
     if splits > 1:  # per-split fp32 partials, summed in split order (deterministic in every mode)
-        ws = _scratch(dev, "partials", splits * rows * out_features)
-        ctr = _scratch(dev, "counters", items * n_tiles)
+        ws = scratch(dev, "partials", splits * rows * out_features)
+        ctr = scratch(dev, "counters", items * n_tiles)
     check(getattr(LIB, f"kbit_vllm_grouped_mma_{sfx}")(
         _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(offsets), _ptr(y), _i(k), _i(n_exp),
         _i(rows), _i(out_features), _i(nb), _i(bm), _i(items), _i(splits), _ptr(ws), _ptr(ctr), stream),
