@@ -109,12 +109,8 @@ def gemv_sk_ctas(dev: torch.device, suffix: str, m: int, in_f: int, out_f: int, 
         if occ <= 0:
             raise RuntimeError(f"awq stream-K GEMV (M={m}, {suffix}) cannot be resident on this GPU")
         _SK_OCC[key] = occ
-    units = gemv_sk_units(in_f, out_f)
-    wave = _SK_OCC[key] * sm_count(dev)
-    if forced:
-        return min(wave, units // SK_WARPS)
-    need = SK_MIN_UNITS.get(m)
-    return wave if need is not None and units >= wave * SK_WARPS * need else 0
+    return dispatch.stream_k_grid(_SK_OCC[key] * sm_count(dev), gemv_sk_units(in_f, out_f), SK_WARPS,
+                                  SK_MIN_UNITS.get(m), forced)
 
 
 def linear_path(x2: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, bias: torch.Tensor | None,

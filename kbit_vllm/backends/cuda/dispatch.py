@@ -35,6 +35,18 @@ def thresholds(capability: tuple[int, int]) -> tuple[int, int]:
     return THRESHOLDS.get(capability, DEFAULT)
 
 
+def stream_k_grid(wave: int, units: int, warps_per_cta: int, min_units_per_warp: float | None,
+                  forced: bool = False) -> int:
+    """CTAs of a stream-K GEMV grid: one wave where every warp gets at least min_units_per_warp
+    work units, else 0 (the caller runs its other GEMV; None: never). forced (tests, benchmarks):
+    any grid with >= 1 unit per warp, 0 when even one CTA has too few."""
+    if forced:
+        return min(wave, units // warps_per_cta)
+    if min_units_per_warp is None or units < wave * warps_per_cta * min_units_per_warp:
+        return 0
+    return wave
+
+
 # Above MMA_SMALL_LAYER_M rows, layers of at most MMA_SMALL_LAYER weights go to dequantize + cuBLAS:
 # H200 2026-11-21 session 3, k=4 M=64 µs (MMA / dequant+cuBLAS): 4096x6144 35.7 / 31.4, 4096x4096
 # 31.3 / 21.6, but 4096x28672 108 / 141 and 14336x4096 61 / 79.

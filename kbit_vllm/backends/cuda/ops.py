@@ -155,13 +155,8 @@ def gemv_sk_ctas(dev: torch.device, sfx: str, k: int, m: int, out_features: int,
     key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, m, sfx)
     if key not in _SK_OCC:
         _SK_OCC[key] = int(getattr(LIB, f"kbit_vllm_gemv_sk_ctas_per_sm_{sfx}")(_i(k), _i(m)))
-    units = ((out_features + 127) // 128) * nb
-    wave = _SK_OCC[key] * _sms(dev)
-    if forced:  # any grid with >= 1 unit per warp (tests, benchmarks)
-        return min(wave, units // SK_WARPS)
-    if units < wave * SK_WARPS * SK_MIN_UNITS:
-        return 0
-    return wave
+    return dispatch.stream_k_grid(_SK_OCC[key] * _sms(dev), ((out_features + 127) // 128) * nb, SK_WARPS,
+                                  SK_MIN_UNITS, forced)
 
 
 def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch.Tensor, codebook: torch.Tensor,
