@@ -96,6 +96,8 @@ def test_kbit_grouped_all_paths(k, dtype, in_f, out_f, n_exp, gen):
         x = torch.randn(rows, in_f, device=DEV, dtype=dtype)
         want = _reference(x, w64, offs)
         runs = [("gemv", None), ("gemv_sk", None), ("gemv_slot", None)] + [("mma", bm) for bm in KBIT_BMS]
+        if dtype == torch.bfloat16:
+            runs.append(("dequant", None))  # every expert dequantized + torch's grouped GEMM (bf16 prefill)
         for path, bm in runs:
             y = cuda_ops.grouped_path(x, pt, at, cb, offs, k, out_f, path, bm=bm, out=_poisoned(rows, out_f, dtype))
             _check(y, want, KBIT_TOL[dtype], f"rows={rows} {path} bm={bm} offsets={offs.tolist()}")
@@ -212,6 +214,26 @@ def test_kbit_grouped_graph_replay(rows, deterministic, gen, monkeypatch):
     pt, at, cb, _ = _kbit_experts(n_exp, out_f, in_f, k)
     x = torch.randn(rows, in_f, device=DEV, dtype=torch.float16)
     offs = _offsets(n_exp, rows, gen)
+    _graph_check(lambda: ops.kbit_grouped_linear(x, pt, at, cb, offs, k, out_f), x, offs, n_exp, gen,
+                 exact=deterministic)
+
+
+@pytest.mark.parametrize("deterministic", (True, False))
+def test_kbit_grouped_dequant_path_dispatch_and_graph_replay(deterministic, gen, monkeypatch):
+    """bf16 with more than dispatch.GROUPED_DEQUANT_MIN_ROWS expected rows per expert: the op takes
+    the dequantize + grouped GEMM path, right, captured and replayed in a CUDA graph; fp16 keeps
+    the grouped MMA."""
+    from kbit_vllm.backends.cuda import dispatch
+
+    monkeypatch.setenv("KBIT_VLLM_DETERMINISTIC", "1" if deterministic else "0")
+    n_exp, in_f, out_f, k, rows = 16, 1024, 384, 4, 2048
+    assert dispatch.choose_grouped_path(rows, n_exp, (9, 0), bf16=True) == "dequant"
+    assert dispatch.choose_grouped_path(rows, n_exp, (9, 0), bf16=False) == "mma"
+    pt, at, cb, w64 = _kbit_experts(n_exp, out_f, in_f, k)
+    x = torch.randn(rows, in_f, device=DEV, dtype=torch.bfloat16)
+    offs = _offsets(n_exp, rows, gen)
+    _check(ops.kbit_grouped_linear(x, pt, at, cb, offs, k, out_f), _reference(x, w64, offs),
+           KBIT_TOL[torch.bfloat16], "op (dequant path)")
     _graph_check(lambda: ops.kbit_grouped_linear(x, pt, at, cb, offs, k, out_f), x, offs, n_exp, gen,
                  exact=deterministic)
 

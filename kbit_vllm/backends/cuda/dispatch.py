@@ -115,10 +115,20 @@ def grouped_rows_per_expert(rows: int, n_exp: int) -> int:
     return -(-rows // active)
 
 
-def choose_grouped_path(rows: int, n_exp: int, capability: tuple[int, int]) -> str:
-    """'gemv' or 'mma' for a grouped op over rows x rows and n_exp experts."""
+# Expected rows per expert above which bf16 grouped ops dequantize every expert and run torch's
+# grouped GEMM (prefill): H200 2026-11-21 session 3, Qwen3-30B-A3B shapes, 2048-token prefill
+# (128 rows per expert) ran at 0.39x bf16 through the grouped MMA. As the dense rule (dequant +
+# cuBLAS above M = 64).
+GROUPED_DEQUANT_MIN_ROWS = 64
+
+
+def choose_grouped_path(rows: int, n_exp: int, capability: tuple[int, int], bf16: bool = False) -> str:
+    """'gemv', 'mma' or (bf16) 'dequant' for a grouped op over rows x rows and n_exp experts."""
     gemv_max = GROUPED_GEMV_MAX.get(capability, GROUPED_DEFAULT)
-    return "gemv" if grouped_rows_per_expert(rows, n_exp) <= gemv_max else "mma"
+    per = grouped_rows_per_expert(rows, n_exp)
+    if per <= gemv_max:
+        return "gemv"
+    return "dequant" if bf16 and per > GROUPED_DEQUANT_MIN_ROWS else "mma"
 
 
 def pick_bm(rows_per_expert: int, table: tuple[tuple[int, int], ...], largest: int) -> int:

@@ -339,6 +339,8 @@ def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
             _i(n_exp), _i(rows), _i(out_features), _i(nb), _i(slots), _i(rgpc), _i(wk), stream),
             "kbit_grouped_linear (gemv)")
         return y
+    if path == "dequant":
+        return _grouped_dequant_mm(x2, packed_tiled, absmax_tiled, codebook, offsets, k, out_features, y)
     if path != "mma":
         raise ValueError(f"unknown kbit_grouped_linear path {path!r}")
     bm, items, splits = grouped_mma_config(rows, n_exp, out_features, nb, _sms(dev), bm,
@@ -351,6 +353,27 @@ def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
         _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(offsets), _ptr(y), _i(k), _i(n_exp),
         _i(rows), _i(out_features), _i(nb), _i(bm), _i(items), _i(splits), _ptr(ws), _ptr(ctr), stream),
         "kbit_grouped_linear (mma)")
+    return y
+
+
+def _grouped_dequant_mm(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch.Tensor,
+                        codebook: torch.Tensor, offsets: torch.Tensor, k: int, out_features: int,
+                        y: torch.Tensor) -> torch.Tensor:
+    """Prefill-sized grouped linear (bf16): every expert dequantized in one launch (the stacked
+    tiled weights are one tiled matrix of E * n_tiles tiles), then torch's grouped GEMM with the
+    device offsets (no host sync). The dense op's large-M rule (dequantize + cuBLAS) for MoE."""
+    if x2.dtype != torch.bfloat16:
+        raise ValueError(f"kbit_grouped_linear dequant path takes bf16 activations, got {x2.dtype}")
+    n_exp, nt = packed_tiled.shape[0], packed_tiled.shape[1]
+    in_f = x2.shape[1]
+    w = torch.empty((n_exp * nt * 128, in_f), dtype=x2.dtype, device=x2.device)
+    check(LIB.kbit_vllm_dequantize_tiled_bf16(
+        _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _i(k), _i(n_exp * nt * 128), _i(in_f // 32),
+        _ptr(w), _stream(x2.device)), "kbit_grouped_linear (dequantize)")
+    w3 = w.view(n_exp, nt * 128, in_f)
+    if out_features != nt * 128:
+        w3 = w3[:, :out_features].contiguous()
+    y.copy_(torch._grouped_mm(x2, w3.transpose(-2, -1), offs=offsets[1:]))
     return y
 
 
@@ -369,7 +392,8 @@ def kbit_grouped_linear(x: torch.Tensor, packed_tiled: torch.Tensor, absmax_tile
     if x2.data_ptr() % 16:
         x2 = x2.clone()
     dev = x.device
-    path = dispatch.choose_grouped_path(x2.shape[0], packed_tiled.shape[0], torch.cuda.get_device_capability(dev))
+    path = dispatch.choose_grouped_path(x2.shape[0], packed_tiled.shape[0], torch.cuda.get_device_capability(dev),
+                                        bf16=x2.dtype == torch.bfloat16)
     with torch.cuda.device(dev):
         return grouped_path(x2, packed_tiled.contiguous(), absmax_tiled.contiguous(), codebook.contiguous(),
                             device_offsets(expert_offsets), k, out_features, path)
