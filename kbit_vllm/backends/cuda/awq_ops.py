@@ -22,6 +22,8 @@ from ... import op_checks as C
 from ...formats import awq as awq_fmt
 from .. import reference as ref
 from . import dispatch
+from .cargs import SUFFIX
+from .cargs import ptr as _ptr
 from .library import LIB, check, kernels_usable, sm_count
 from .scratch import scratch
 
@@ -30,11 +32,7 @@ from .scratch import scratch
 # wins at M=4 and MMA at M=8 (the GEMV grows with M, the MMA is flat), so the switch sits between;
 # dequant + cuBLAS wins past M=64. Other archs use the sm_90 row.
 DISPATCH = {90: (6, 64)}
-_SUFFIX = {torch.float16: "fp16", torch.bfloat16: "bf16"}
-
-
-def _ptr(t: torch.Tensor | None) -> ctypes.c_void_p:
-    return ctypes.c_void_p(t.data_ptr() if t is not None else 0)
+_SUFFIX = SUFFIX
 
 
 def _kernel_ok(t: torch.Tensor, dtype: torch.dtype) -> bool:
