@@ -175,3 +175,46 @@ def check_awq_grouped(x: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, exper
             f"wq must be [E={sz.shape[0]}, ...] (awq_repack per expert, stacked), got {list(wq.shape)}")
     check_awq_linear(x, wq[0], sz[0], None, group_size, out_features, op)
     check_expert_offsets(x, expert_offsets, sz.shape[0], op)
+
+
+MOE_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
+"""Gated activations moe_gated_act computes: act(gate) * up (gelu: erf form; gelu_tanh: tanh form)."""
+
+
+def check_moe_route(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
+                    expert_map: torch.Tensor | None) -> None:
+    op = "moe_route"
+    _same_device(op, topk_ids=topk_ids, topk_weights=topk_weights, expert_map=expert_map)
+    require(topk_ids.dim() == 2, op, f"topk_ids must be [tokens, top_k], got {list(topk_ids.shape)}")
+    require(topk_ids.shape[1] >= 1, op, f"top_k must be >= 1, got topk_ids {list(topk_ids.shape)}")
+    _dtype(topk_ids, (torch.int32, torch.int64), op, "topk_ids")
+    require(tuple(topk_weights.shape) == tuple(topk_ids.shape), op,
+            f"topk_weights must match topk_ids {list(topk_ids.shape)}, got {list(topk_weights.shape)}")
+    _dtype(topk_weights, FLOAT_DTYPES, op, "topk_weights")
+    require(num_experts >= 1, op, f"num_experts must be >= 1, got {num_experts}")
+    if expert_map is not None:
+        require(expert_map.dim() == 1, op, f"expert_map must be 1-D [global experts], got {list(expert_map.shape)}")
+        _dtype(expert_map, (torch.int32, torch.int64), op, "expert_map")
+
+
+def check_moe_gated_act(gate_up: torch.Tensor, activation: str) -> None:
+    op = "moe_gated_act"
+    require(activation in MOE_ACTIVATIONS, op, f"activation must be one of {MOE_ACTIVATIONS}, got {activation!r}")
+    require(gate_up.dim() == 2 and gate_up.shape[1] % 2 == 0 and gate_up.shape[1] > 0, op,
+            f"gate_up must be [rows, 2 * intermediate] ([gate | up]), got {list(gate_up.shape)}")
+    _dtype(gate_up, FLOAT_DTYPES, op, "gate_up")
+
+
+def check_moe_combine(down: torch.Tensor, slot: torch.Tensor, weights: torch.Tensor, top_k: int) -> None:
+    op = "moe_combine"
+    _same_device(op, down=down, slot=slot, weights=weights)
+    require(top_k >= 1, op, f"top_k must be >= 1, got {top_k}")
+    require(down.dim() == 2, op, f"down must be [tokens * top_k, hidden], got {list(down.shape)}")
+    _dtype(down, FLOAT_DTYPES, op, "down")
+    require(down.shape[0] % top_k == 0, op, f"down rows {down.shape[0]} are not a multiple of top_k={top_k}")
+    require(slot.dim() == 1 and slot.shape[0] == down.shape[0], op,
+            f"slot must be [{down.shape[0]}] (one sorted row per pair), got {list(slot.shape)}")
+    _dtype(slot, torch.int32, op, "slot")
+    require(weights.dim() == 1 and weights.shape[0] == down.shape[0], op,
+            f"weights must be [{down.shape[0]}] (one per pair), got {list(weights.shape)}")
+    _dtype(weights, torch.float32, op, "weights")

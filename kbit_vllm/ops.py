@@ -38,6 +38,10 @@ _SCHEMAS = {
     "awq_linear": "(Tensor x, Tensor wq, Tensor sz, Tensor? bias, int group_size, int out_features) -> Tensor",
     "awq_grouped_linear": "(Tensor x, Tensor wq, Tensor sz, Tensor expert_offsets, int group_size, "
     "int out_features) -> Tensor",
+    "moe_route": "(Tensor topk_ids, Tensor topk_weights, int num_experts, Tensor? expert_map) "
+    "-> (Tensor, Tensor, Tensor, Tensor)",
+    "moe_gated_act": "(Tensor gate_up, str activation) -> Tensor",
+    "moe_combine": "(Tensor down, Tensor slot, Tensor weights, int top_k) -> Tensor",
 }
 
 _lib = torch.library.Library(NS, "DEF")
@@ -125,6 +129,27 @@ def _(x, wq, sz, expert_offsets, group_size, out_features):
     return x.new_empty((x.shape[0], out_features))
 
 
+@_fake("moe_route")
+def _(topk_ids, topk_weights, num_experts, expert_map):
+    C.check_moe_route(topk_ids, topk_weights, num_experts, expert_map)
+    n = topk_ids.numel()
+    i32 = dict(dtype=torch.int32, device=topk_ids.device)
+    return (torch.empty(n, **i32), torch.empty(n, **i32), torch.empty(num_experts + 1, **i32),
+            torch.empty(n, dtype=torch.float32, device=topk_ids.device))
+
+
+@_fake("moe_gated_act")
+def _(gate_up, activation):
+    C.check_moe_gated_act(gate_up, activation)
+    return gate_up.new_empty((gate_up.shape[0], gate_up.shape[1] // 2))
+
+
+@_fake("moe_combine")
+def _(down, slot, weights, top_k):
+    C.check_moe_combine(down, slot, weights, top_k)
+    return down.new_empty((down.shape[0] // top_k, down.shape[1]))
+
+
 # --- Python entry points: thin, typed wrappers over torch.ops.kbit_vllm ---------------------
 
 _ops = getattr(torch.ops, NS)
@@ -196,3 +221,26 @@ def awq_grouped_linear(x: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, expe
     wq and sz are awq_repack's outputs stacked over experts: wq [E, *resident], sz [E, G, out, 2].
     """
     return _ops.awq_grouped_linear(x, wq, sz, expert_offsets, group_size, out_features)
+
+
+def moe_route(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
+              expert_map: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Order a batch's (token, k) pairs by local expert, stably, on the device (no host sync).
+
+    Pair p = t * top_k + k. Returns (src_row int32 [P]: the token of each sorted row, slot int32
+    [P]: the sorted row of each pair, expert_offsets int32 [E + 1], weights fp32 [P]: each pair's
+    router weight). expert_map maps global to local ids (-1: another rank's expert). A pair whose
+    local id is outside [0, num_experts) is routed to the last expert with weight 0, so every row
+    has a group and the offsets end at P.
+    """
+    return _ops.moe_route(topk_ids, topk_weights, num_experts, expert_map)
+
+
+def moe_gated_act(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+    """[rows, 2I] ([gate | up]) -> act(gate) * up [rows, I], in fp32 with one rounding."""
+    return _ops.moe_gated_act(gate_up, activation)
+
+
+def moe_combine(down: torch.Tensor, slot: torch.Tensor, weights: torch.Tensor, top_k: int) -> torch.Tensor:
+    """out[t] = sum_k weights[t*top_k + k] * down[slot[t*top_k + k]], in fp32 in k order, one rounding."""
+    return _ops.moe_combine(down, slot, weights, top_k)

@@ -11,12 +11,12 @@ import torch.nn.functional as F
 
 from kbit_vllm import normal_float_codebook
 from kbit_vllm.layers.moe_compute import (
+    gated_act_name,
     kbit_grouped,
     kbit_quantize_experts,
     kbit_repack_experts,
     kbit_unrepack_experts,
     moe_forward,
-    sort_by_expert,
 )
 
 E, H, INTER, K, T = 4, 64, 96, 2, 9
@@ -88,19 +88,92 @@ def test_expert_parallel_map(gen: torch.Generator) -> None:
     want = loop_reference(x, w, ids - 4, dense, local=lambda e: e >= 0)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     # HF sentinel ids (>= E) are dropped the same way
-    got_hf = moe_forward(x, w, torch.where(ids >= 4, ids - 4, ids + 100), E, tiled["w13"], tiled["w2"], F.silu,
-                         mask_foreign=True)
+    got_hf = moe_forward(x, w, torch.where(ids >= 4, ids - 4, ids + 100), E, tiled["w13"], tiled["w2"], F.silu)
     torch.testing.assert_close(got_hf, want, rtol=1e-4, atol=1e-5)
 
 
-def test_offsets_on_device_and_sorted(gen: torch.Generator) -> None:
-    _, ids = routing(gen, tokens=33)
-    order, offsets, local = sort_by_expert(ids, E)
-    assert local is None and offsets.dtype == torch.int32 and offsets.tolist()[0] == 0
-    assert offsets.tolist()[-1] == ids.numel()
-    flat = ids.reshape(-1)[order]
-    for e in range(E):
-        assert (flat[offsets[e]:offsets[e + 1]] == e).all()
+def check_route(ids: torch.Tensor, w: torch.Tensor, n_exp: int, expert_map: torch.Tensor | None, got) -> None:
+    """moe_route's outputs against their definition: a stable sort of the pairs by local expert."""
+    src_row, slot, offsets, weights = got
+    top_k = ids.shape[1]
+    g = ids.reshape(-1).long().cpu()
+    if expert_map is not None:
+        emap = expert_map.long().cpu()
+        g = torch.tensor([int(emap[i]) if 0 <= i < emap.numel() else -1 for i in g.tolist()], dtype=torch.long)
+    local = (g >= 0) & (g < n_exp)
+    e_of = torch.where(local, g, torch.full_like(g, n_exp - 1))
+    order = sorted(range(g.numel()), key=lambda p: (int(e_of[p]), p))  # stable by expert
+    assert [o.dtype for o in got] == [torch.int32, torch.int32, torch.int32, torch.float32]
+    assert src_row.cpu().tolist() == [p // top_k for p in order]
+    inv = [0] * len(order)
+    for pos, p in enumerate(order):
+        inv[p] = pos
+    assert slot.cpu().tolist() == inv
+    counts = torch.bincount(e_of, minlength=n_exp)
+    assert offsets.cpu().tolist() == [0] + torch.cumsum(counts, 0).tolist()
+    want_w = torch.where(local, w.reshape(-1).float().cpu(), torch.zeros(()))
+    assert torch.equal(weights.cpu(), want_w)
+
+
+def test_route_is_stable_sort_with_masking(gen: torch.Generator) -> None:
+    from kbit_vllm import ops
+
+    w, ids = routing(gen, tokens=33)
+    check_route(ids, w, E, None, ops.moe_route(ids, w, E, None))
+    check_route(ids.long(), w.half(), E, None, ops.moe_route(ids.long(), w.half(), E))
+    bad = ids.clone()
+    bad[0, 0], bad[3, 1] = -1, E + 5  # out of range: last expert, weight 0
+    check_route(bad, w, E, None, ops.moe_route(bad, w, E))
+    w8, ids8 = routing(gen, n_exp=8, tokens=17)
+    emap = torch.tensor([-1, 2, -1, 0, 1, -1, 3, -1], dtype=torch.int32)
+    check_route(ids8, w8, E, emap, ops.moe_route(ids8, w8, E, emap))
+
+
+def test_gated_act_and_combine_ops(gen: torch.Generator) -> None:
+    from kbit_vllm import ops
+
+    gu = torch.randn(7, 2 * INTER, generator=gen).to(torch.bfloat16)
+    g, u = gu[:, :INTER].float(), gu[:, INTER:].float()
+    for name, fn in (("silu", F.silu), ("gelu", F.gelu), ("gelu_tanh", lambda t: F.gelu(t, approximate="tanh"))):
+        assert torch.equal(ops.moe_gated_act(gu, name), (fn(g) * u).to(torch.bfloat16))
+    down = torch.randn(3 * K, H, generator=gen)
+    slot = torch.randperm(3 * K, generator=gen).to(torch.int32)
+    wts = torch.rand(3 * K, generator=gen)
+    want = torch.stack([sum(wts[t * K + k] * down[slot[t * K + k]] for k in range(K)) for t in range(3)])
+    torch.testing.assert_close(ops.moe_combine(down, slot, wts, K), want, rtol=1e-6, atol=1e-6)
+
+
+def test_glue_op_errors_name_the_op() -> None:
+    import pytest
+
+    from kbit_vllm import ops
+
+    ids = torch.zeros(4, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="moe_route: topk_weights must match"):
+        ops.moe_route(ids, torch.ones(4, 3), E)
+    with pytest.raises(ValueError, match="moe_route: topk_ids must be"):
+        ops.moe_route(ids.float(), torch.ones(4, 2), E)
+    with pytest.raises(ValueError, match="moe_gated_act: activation must be one of"):
+        ops.moe_gated_act(torch.ones(2, 8), "relu")
+    with pytest.raises(ValueError, match=r"moe_gated_act: gate_up must be \[rows, 2 \* intermediate\]"):
+        ops.moe_gated_act(torch.ones(2, 7), "silu")
+    with pytest.raises(ValueError, match="moe_combine: slot must be torch.int32, got torch.int64"):
+        ops.moe_combine(torch.ones(4, 8), torch.zeros(4, dtype=torch.int64), torch.ones(4), 2)
+    with pytest.raises(ValueError, match="moe_combine: down rows 5 are not a multiple of top_k=2"):
+        ops.moe_combine(torch.ones(5, 8), torch.zeros(5, dtype=torch.int32), torch.ones(5), 2)
+
+
+def test_unfused_activation_matches_fused(gen: torch.Generator) -> None:
+    """An act_fn the fused op does not know runs as torch ops with the same math."""
+    tiled, _ = weights(gen)
+    x = torch.randn(T, H, generator=gen).to(torch.bfloat16)
+    w, ids = routing(gen)
+    assert gated_act_name(F.silu) == "silu" and gated_act_name(torch.nn.GELU("tanh")) == "gelu_tanh"
+    assert gated_act_name(lambda t: F.silu(t)) is None
+    tiled16 = {n: (lambda rows, offs, f=f: f(rows.float(), offs).to(rows.dtype)) for n, f in tiled.items()}
+    fused = moe_forward(x, w, ids, E, tiled16["w13"], tiled16["w2"], F.silu)
+    unfused = moe_forward(x, w, ids, E, tiled16["w13"], tiled16["w2"], lambda t: F.silu(t))
+    assert torch.equal(fused, unfused)
 
 
 def test_compiles_fullgraph(gen: torch.Generator) -> None:

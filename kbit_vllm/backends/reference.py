@@ -119,3 +119,45 @@ def awq_grouped_linear(x, wq, sz, expert_offsets, group_size, out_features, expe
     lin = expert_linear or awq_linear
     return grouped_by_offsets(x, expert_offsets, out_features, "awq_grouped_linear",
                               lambda e, rows: lin(rows, wq[e], sz[e], None, group_size, out_features))
+
+
+def moe_route(topk_ids, topk_weights, num_experts, expert_map):
+    """Stable sort of the (token, k) pairs by local expert (torch.sort + searchsorted)."""
+    C.check_moe_route(topk_ids, topk_weights, num_experts, expert_map)
+    top_k = topk_ids.shape[1]
+    ids = topk_ids.reshape(-1).to(torch.int64)
+    dev = ids.device
+    if expert_map is not None:
+        n_global = expert_map.shape[0]
+        known = (ids >= 0) & (ids < n_global)
+        mapped = expert_map.to(torch.int64)[ids.clamp(0, max(n_global - 1, 0))] if n_global else ids
+        ids = torch.where(known, mapped, torch.full_like(ids, -1))
+    local = (ids >= 0) & (ids < num_experts)
+    ids = torch.where(local, ids, torch.full_like(ids, num_experts - 1))
+    sorted_ids, order = torch.sort(ids, stable=True)
+    offsets = torch.searchsorted(sorted_ids, torch.arange(num_experts + 1, device=dev), out_int32=True)
+    slot = torch.empty_like(order).index_copy_(0, order, torch.arange(order.numel(), device=dev))
+    weights = torch.where(local, topk_weights.reshape(-1).to(torch.float32), torch.zeros((), device=dev))
+    return (order // top_k).to(torch.int32), slot.to(torch.int32), offsets, weights
+
+
+_GATES = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}
+
+
+def moe_gated_act(gate_up, activation):
+    C.check_moe_gated_act(gate_up, activation)
+    inter = gate_up.shape[1] // 2
+    return (_GATES[activation](gate_up[:, :inter].to(torch.float32))
+            * gate_up[:, inter:].to(torch.float32)).to(gate_up.dtype)
+
+
+def moe_combine(down, slot, weights, top_k):
+    """Sums the top_k pairs of each token in k order, in fp32 (the order the kernel uses)."""
+    C.check_moe_combine(down, slot, weights, top_k)
+    n_tok = down.shape[0] // top_k
+    pairs = down.index_select(0, slot.to(torch.int64)).to(torch.float32).view(n_tok, top_k, -1)
+    w = weights.view(n_tok, top_k, 1)
+    acc = torch.zeros((n_tok, down.shape[1]), dtype=torch.float32, device=down.device)
+    for k in range(top_k):
+        acc += w[:, k] * pairs[:, k]
+    return acc.to(down.dtype)

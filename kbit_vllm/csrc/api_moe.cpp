@@ -73,3 +73,36 @@ KBIT_MOE_API(fp16, half)
 KBIT_MOE_API(bf16, __nv_bfloat16)
 
 }  // extern "C"
+
+namespace moe {
+int route(const void* ids, int ids_bytes, const float* w, const int* emap, int n_global, int n_pairs, int top_k,
+          int n_exp, int* offs, int* src_row, int* slot, float* w_out, cudaStream_t stream);
+template <typename T>
+int gated_act(const void* gu, void* out, long long rows, int inter, int fn, int sms, cudaStream_t stream);
+template <typename T>
+int combine(const void* down, const int* slot, const float* w, void* out, int tokens, int hidden, int top_k,
+            cudaStream_t stream);
+}  // namespace moe
+
+extern "C" {
+
+// Routing of one MoE batch (moe_route.cu); ids int32 or int64 (ids_bytes 4 or 8), emap may be null.
+int kbit_vllm_moe_route(const void* ids, int ids_bytes, const float* w, const int* emap, int n_global, int n_pairs,
+                        int top_k, int n_exp, int* offs, int* src_row, int* slot, float* w_out, void* stream) {
+    return moe::route(ids, ids_bytes, w, emap, n_global, n_pairs, top_k, n_exp, offs, src_row, slot, w_out,
+                      static_cast<cudaStream_t>(stream));
+}
+
+#define KBIT_MOE_EPILOGUE_API(SUFFIX, T)                                                                           \
+    int kbit_vllm_moe_gated_act_##SUFFIX(const void* gu, void* out, long long rows, int inter, int fn, int sms,    \
+                                         void* stream) {                                                           \
+        return moe::gated_act<T>(gu, out, rows, inter, fn, sms, static_cast<cudaStream_t>(stream));                \
+    }                                                                                                              \
+    int kbit_vllm_moe_combine_##SUFFIX(const void* down, const int* slot, const float* w, void* out, int tokens,   \
+                                       int hidden, int top_k, void* stream) {                                      \
+        return moe::combine<T>(down, slot, w, out, tokens, hidden, top_k, static_cast<cudaStream_t>(stream));      \
+    }
+KBIT_MOE_EPILOGUE_API(fp16, half)
+KBIT_MOE_EPILOGUE_API(bf16, __nv_bfloat16)
+
+}  // extern "C"

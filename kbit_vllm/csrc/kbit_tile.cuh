@@ -60,13 +60,6 @@ __device__ __forceinline__ void decode_group(const uint32_t* p, int g, float cbl
         v[n] = __shfl_sync(0xffffffffu, cbl, static_cast<int>(field_index<K>(xr, zr, n)));
 }
 
-template <typename T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ half from_float<half>(float v) { return __float2half_rn(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-    return __float2bfloat16_rn(v);
-}
-
 // Two floats -> one 32-bit register of two 16-bit values (a in the low half), round to nearest.
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float a, float b);

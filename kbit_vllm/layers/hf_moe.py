@@ -119,9 +119,9 @@ class FusedExperts(nn.Module):
                 top_k_weights: torch.Tensor) -> torch.Tensor:
         if not self.resident:
             raise RuntimeError(f"{type(self).__name__} '{self.layer_name}': weights not repacked yet (call repack_())")
-        # Expert ids outside [0, E) (transformers' expert-parallel sentinels) get weight 0.
+        # Expert ids outside [0, E) (transformers' expert-parallel sentinels) get weight 0 (moe_route).
         return moe_forward(hidden_states, top_k_weights, top_k_index, self.num_experts, self._grouped("gate_up_proj"),
-                           self._grouped("down_proj"), self.act_fn, mask_foreign=True)
+                           self._grouped("down_proj"), self.act_fn)
 
     def _save_to_state_dict(self, destination: dict[str, Any], prefix: str, keep_vars: bool) -> None:
         """Always save the serialized (portable, TP-shardable) format, never the resident one."""

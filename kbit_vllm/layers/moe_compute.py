@@ -1,12 +1,14 @@
 """Routed-expert MoE math shared by the vLLM FusedMoE methods and the HF experts modules.
 
-One forward for both frameworks: sort the (token, k) pairs by expert on the device, gather
-their rows, run the gate/up grouped GEMM, the gated activation, the down grouped GEMM, then
-weight each pair by its router weight and sum the k pairs of each token. Every step has a
-static shape and no host sync (no ``.item()``/``.tolist()``, no ``nonzero``), so the whole
-function traces under torch.compile and records into a CUDA graph; only the grouped ops
-read ``expert_offsets``, and they do it on the device (the CPU reference op may read them
-on the host, which is inside the op).
+One forward for both frameworks: order the (token, k) pairs by expert on the device
+(moe_route), gather their rows, run the gate/up grouped GEMM, the gated activation
+(moe_gated_act), the down grouped GEMM, then weight each pair by its router weight and sum the
+k pairs of each token (moe_combine). On a GPU that is six kernels per layer (the torch version
+of the glue was ~20, which at decode cost more than the GEMMs). Every step has a static shape
+and no host sync (no ``.item()``/``.tolist()``, no ``nonzero``), so the whole function traces
+under torch.compile and records into a CUDA graph; only the grouped ops read
+``expert_offsets``, and they do it on the device (the CPU reference op may read them on the
+host, which is inside the op).
 
 Also the per-expert quantize / repack helpers, so both frameworks stack experts the same way.
 Calls only ``kbit_vllm.ops``.
@@ -17,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from .. import ops
 
@@ -24,58 +28,49 @@ GroupedLinear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """(rows sorted by expert [N, in], expert_offsets int32 [E+1]) -> [N, out]."""
 
 
-def sort_by_expert(topk_ids: torch.Tensor, num_experts: int, expert_map: torch.Tensor | None = None,
-                   mask_foreign: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Order the flattened (token, k) pairs by local expert, on the device.
+# transformers' activation modules (by class name: no transformers import here) of the same math.
+_HF_ACTS = {"SiLU": "silu", "SiLUActivation": "silu", "GELUActivation": "gelu", "GELUTanh": "gelu_tanh",
+            "NewGELUActivation": "gelu_tanh", "PytorchGELUTanh": "gelu_tanh"}
 
-    Returns (order [T*K] int64, expert_offsets [E+1] int32, local [T*K] bool or None).
-    ``expert_map`` maps global to local expert ids (-1: another EP rank owns it). Pairs whose
-    expert is not local (mapped to -1, or any id outside [0, E) when ``mask_foreign``) are
-    routed to the last local expert so every row belongs to some group and the offsets end
-    at T*K, as the grouped ops require; ``local`` marks them so the caller zeroes their
-    weight. That costs their GEMM rows, and keeps every shape static.
-    """
-    ids = topk_ids.reshape(-1).to(torch.int64)
-    if expert_map is not None:
-        ids = expert_map.to(torch.int64)[ids]
-    local = None
-    if expert_map is not None or mask_foreign:
-        local = (ids >= 0) & (ids < num_experts)
-        ids = torch.where(local, ids, torch.full_like(ids, num_experts - 1))
-    sorted_ids, order = torch.sort(ids, stable=True)
-    bounds = torch.arange(num_experts + 1, device=ids.device, dtype=sorted_ids.dtype)
-    offsets = torch.searchsorted(sorted_ids, bounds, out_int32=True)
-    return order, offsets, local
+
+def gated_act_name(act_fn: Callable[[torch.Tensor], torch.Tensor]) -> str | None:
+    """The moe_gated_act name of act_fn when it is one of the fused activations, else None."""
+    if act_fn is F.silu:
+        return "silu"
+    if act_fn is F.gelu:
+        return "gelu"
+    if isinstance(act_fn, nn.GELU):
+        return {"none": "gelu", "tanh": "gelu_tanh"}.get(act_fn.approximate)
+    return _HF_ACTS.get(type(act_fn).__name__)
 
 
 def moe_forward(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
                 w13: GroupedLinear, w2: GroupedLinear, act_fn: Callable[[torch.Tensor], torch.Tensor],
                 expert_map: torch.Tensor | None = None, apply_router_weight_on_input: bool = False,
-                mask_foreign: bool = False) -> torch.Tensor:
+                act_name: str | None = None) -> torch.Tensor:
     """sum_k w[t,k] * down_e(act(gate_e(x_t)) * up_e(x_t)), e = topk_ids[t,k]; x [T, H] -> [T, H].
 
-    w13 returns [gate | up] (concatenated halves) per row. The k partial outputs of a token
-    are put back in (token, k) order by index_copy_ (unique indices: deterministic, unlike an
-    atomic index_add_) and summed in fp32.
+    w13 returns [gate | up] (concatenated halves) per row. Pairs whose (mapped) expert is not
+    local contribute nothing (moe_route). act_name (or an act_fn gated_act_name knows) runs the
+    fused moe_gated_act; any other act_fn runs as torch ops with the same fp32 math. The k
+    outputs of a token are summed in fp32 in k order (moe_combine: deterministic).
     """
-    n_tok = x.shape[0]
     top_k = topk_ids.shape[-1]
-    order, offsets, local = sort_by_expert(topk_ids, num_experts, expert_map, mask_foreign)
-    weights = topk_weights.reshape(-1).to(torch.float32)
-    if local is not None:
-        weights = torch.where(local, weights, torch.zeros_like(weights))
-    rows = x.index_select(0, order // top_k)
+    src_row, slot, offsets, weights = ops.moe_route(topk_ids.reshape(-1, top_k), topk_weights.reshape(-1, top_k),
+                                                    num_experts, expert_map)
+    rows = x.index_select(0, src_row)
     if apply_router_weight_on_input:  # vLLM: scale the input rows, then sum outputs unweighted
-        rows = (rows.to(torch.float32) * weights.index_select(0, order).unsqueeze(-1)).to(x.dtype)
-        weights = local.to(torch.float32) if local is not None else torch.ones_like(weights)
+        per_row = torch.zeros_like(weights).index_copy_(0, slot.to(torch.int64), weights)
+        rows = (rows.to(torch.float32) * per_row.unsqueeze(-1)).to(x.dtype)
+        weights = (weights != 0).to(torch.float32)  # a zero weight zeroed the row: its output is 0 either way
     gate_up = w13(rows, offsets)
-    inter = gate_up.shape[-1] // 2
-    # In fp32 with one rounding, like vLLM's silu_and_mul kernels.
-    act = (act_fn(gate_up[:, :inter].to(torch.float32)) * gate_up[:, inter:].to(torch.float32)).to(x.dtype)
-    down = w2(act, offsets)
-    pairs = torch.empty_like(down).index_copy_(0, order, down)
-    out = (pairs.view(n_tok, top_k, -1).to(torch.float32) * weights.view(n_tok, top_k, 1)).sum(dim=1)
-    return out.to(x.dtype)
+    name = act_name or gated_act_name(act_fn)
+    if name is not None:
+        act = ops.moe_gated_act(gate_up, name)
+    else:  # in fp32 with one rounding, like the fused op
+        inter = gate_up.shape[-1] // 2
+        act = (act_fn(gate_up[:, :inter].to(torch.float32)) * gate_up[:, inter:].to(torch.float32)).to(x.dtype)
+    return ops.moe_combine(w2(act, offsets), slot, weights, top_k)
 
 
 def check_expert_dims(layer: str, method: str, hidden: int, inter: int, block: int, inter_desc: str) -> None:

@@ -82,6 +82,7 @@ class _MoEMethodBase(FusedMoEMethodBase):
             raise NotImplementedError(f"{self.method}: MoE layer {prefix} has expert biases, which are not "
                                       "supported; keep the experts unquantized (modules_to_not_convert)")
         self.act_fn = _GATED_ACTS[act]
+        self.act_name = act  # the fused moe_gated_act
 
     def get_fused_moe_quant_config(self, layer: torch.nn.Module) -> None:
         return None  # no vLLM modular kernel: apply() runs our grouped ops
@@ -104,7 +105,7 @@ class _MoEMethodBase(FusedMoEMethodBase):
     def _experts(self, layer: torch.nn.Module, x: torch.Tensor, topk_weights: torch.Tensor,
                  topk_ids: torch.Tensor) -> torch.Tensor:
         return moe_forward(x, topk_weights, topk_ids, layer.local_num_experts, self._w13(layer), self._w2(layer),
-                           self.act_fn, expert_map=layer.expert_map,
+                           self.act_fn, expert_map=layer.expert_map, act_name=self.act_name,
                            apply_router_weight_on_input=bool(layer.apply_router_weight_on_input))
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,

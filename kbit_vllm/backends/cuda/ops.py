@@ -16,23 +16,15 @@ from ... import op_checks as C
 from ...formats import block_absmax, check_block_absmax
 from .. import reference as ref
 from . import dispatch
+from .cargs import SUFFIX
+from .cargs import cint as _i
+from .cargs import ptr as _ptr
+from .cargs import stream as _stream
 from .library import LIB, check, sm_count
 from .scratch import scratch
 
 _QUANT_FN = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
-_ACT_FN = {torch.float16: "fp16", torch.bfloat16: "bf16"}
-
-
-def _ptr(t: torch.Tensor | None) -> ctypes.c_void_p:
-    return ctypes.c_void_p(0 if t is None else t.data_ptr())
-
-
-def _stream(device: torch.device) -> ctypes.c_void_p:
-    return ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
-
-
-def _i(v: int) -> ctypes.c_int:
-    return ctypes.c_int(int(v))
+_ACT_FN = SUFFIX
 
 
 def _sms(device: torch.device) -> int:
@@ -356,6 +348,13 @@ def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
     return y
 
 
+def grouped_mm_ok(dtype: torch.dtype, capability: tuple[int, int], out_features: int) -> bool:
+    """Whether torch._grouped_mm serves the dequant path: bf16 on sm_90+ (its CUTLASS kernels), and
+    16-byte aligned rows of the output and of the dequantized weights' transpose."""
+    return (dtype == torch.bfloat16 and capability >= (9, 0) and out_features % 8 == 0
+            and hasattr(torch, "_grouped_mm"))
+
+
 def _grouped_dequant_mm(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch.Tensor,
                         codebook: torch.Tensor, offsets: torch.Tensor, k: int, out_features: int,
                         y: torch.Tensor) -> torch.Tensor:
@@ -373,7 +372,7 @@ def _grouped_dequant_mm(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_til
     w3 = w.view(n_exp, nt * 128, in_f)
     if out_features != nt * 128:
         w3 = w3[:, :out_features].contiguous()
-    y.copy_(torch._grouped_mm(x2, w3.transpose(-2, -1), offs=offsets[1:]))
+    y.copy_(torch._grouped_mm(x2, w3.transpose(-2, -1), offs=offsets[1:]))  # (no out= argument)
     return y
 
 
@@ -392,8 +391,9 @@ def kbit_grouped_linear(x: torch.Tensor, packed_tiled: torch.Tensor, absmax_tile
     if x2.data_ptr() % 16:
         x2 = x2.clone()
     dev = x.device
-    path = dispatch.choose_grouped_path(x2.shape[0], packed_tiled.shape[0], torch.cuda.get_device_capability(dev),
-                                        bf16=x2.dtype == torch.bfloat16)
+    cap = torch.cuda.get_device_capability(dev)
+    path = dispatch.choose_grouped_path(x2.shape[0], packed_tiled.shape[0], cap,
+                                        grouped_mm=grouped_mm_ok(x2.dtype, cap, out_features))
     with torch.cuda.device(dev):
         return grouped_path(x2, packed_tiled.contiguous(), absmax_tiled.contiguous(), codebook.contiguous(),
                             device_offsets(expert_offsets), k, out_features, path)

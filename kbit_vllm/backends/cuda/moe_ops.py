@@ -1,0 +1,71 @@
+"""CUDA implementations of the MoE glue ops (routing, gated activation, combine): argument
+marshalling into the C API (csrc/moe_route.cu, moe_gated_act.cu, moe_combine.cu).
+
+One launch each, on torch's current stream, no host sync, outputs allocated here by torch, so a
+MoE layer records into a CUDA graph as a handful of kernels. fp32 activations and more experts
+than one CTA routes take the reference path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from ... import op_checks as C
+from .. import reference as ref
+from .cargs import SUFFIX, cint, ptr, stream
+from .library import LIB, check, sm_count
+
+ROUTE_MAX_EXPERTS = 1024  # one thread per local expert in the routing CTA
+_ACT_CODES = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
+
+
+def moe_route(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
+              expert_map: torch.Tensor | None):
+    C.check_moe_route(topk_ids, topk_weights, num_experts, expert_map)
+    if num_experts > ROUTE_MAX_EXPERTS:
+        return ref.moe_route(topk_ids, topk_weights, num_experts, expert_map)
+    dev = topk_ids.device
+    ids = topk_ids.contiguous()
+    n = ids.numel()
+    w = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    emap = expert_map.to(torch.int32).contiguous() if expert_map is not None else None
+    src_row = torch.empty(n, dtype=torch.int32, device=dev)
+    slot = torch.empty(n, dtype=torch.int32, device=dev)
+    offsets = torch.empty(num_experts + 1, dtype=torch.int32, device=dev)
+    weights = torch.empty(n, dtype=torch.float32, device=dev)
+    with torch.cuda.device(dev):
+        check(LIB.kbit_vllm_moe_route(
+            ptr(ids), cint(ids.element_size()), ptr(w), ptr(emap), cint(0 if emap is None else emap.numel()), cint(n),
+            cint(ids.shape[1]), cint(num_experts), ptr(offsets), ptr(src_row), ptr(slot), ptr(weights),
+            stream(dev)), "moe_route")
+    return src_row, slot, offsets, weights
+
+
+def moe_gated_act(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+    C.check_moe_gated_act(gate_up, activation)
+    if gate_up.dtype not in SUFFIX:
+        return ref.moe_gated_act(gate_up, activation)
+    gu = gate_up.contiguous()
+    rows, inter = gu.shape[0], gu.shape[1] // 2
+    out = torch.empty((rows, inter), dtype=gu.dtype, device=gu.device)
+    with torch.cuda.device(gu.device):
+        check(getattr(LIB, f"kbit_vllm_moe_gated_act_{SUFFIX[gu.dtype]}")(
+            ptr(gu), ptr(out), ctypes.c_longlong(rows), cint(inter), cint(_ACT_CODES[activation]),
+            cint(sm_count(gu.device)), stream(gu.device)), "moe_gated_act")
+    return out
+
+
+def moe_combine(down: torch.Tensor, slot: torch.Tensor, weights: torch.Tensor, top_k: int) -> torch.Tensor:
+    C.check_moe_combine(down, slot, weights, top_k)
+    if down.dtype not in SUFFIX:
+        return ref.moe_combine(down, slot, weights, top_k)
+    d = down.contiguous()
+    n_tok, hidden = d.shape[0] // top_k, d.shape[1]
+    out = torch.empty((n_tok, hidden), dtype=d.dtype, device=d.device)
+    with torch.cuda.device(d.device):
+        check(getattr(LIB, f"kbit_vllm_moe_combine_{SUFFIX[d.dtype]}")(
+            ptr(d), ptr(slot.contiguous()), ptr(weights.contiguous()), ptr(out), cint(n_tok), cint(hidden), cint(top_k),
+            stream(d.device)), "moe_combine")
+    return out
