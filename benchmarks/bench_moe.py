@@ -169,9 +169,13 @@ def bench_shape(scen: str, n_exp: int, topk: int, shape: str, in_f: int, out_f: 
                 runs += [(f"mma_bm{bm}", "mma", bm) for bm in SWEEP_BM[f]]
                 if f != "awq" and rpe <= 8:  # the fixed-order slot GEMV (deterministic mode's)
                     runs.append(("gemv_slot", "gemv_slot", None))
+            if f != "awq" and use_gmm and rpe > 8:  # bf16 prefill path: dequantize all + torch grouped GEMM
+                runs.append(("dequant_bf16", "dequant", None))
+            xb = x.to(torch.bfloat16)
             for key, path, bm in runs:
                 try:
-                    r[key] = time_graph([st.call(c, x, offs, path, bm) for c in cps])
+                    xk = xb if key.endswith("_bf16") else x
+                    r[key] = time_graph([st.call(c, xk, offs, path, bm) for c in cps])
                 except Exception as e:  # report, keep going
                     print(f"# {scen} {shape} {f} T={t} {key} failed: {e}", file=sys.stderr)
             r["floor"] = (st.expert_bytes * b["active"] + 2 * b["rows"] * (in_f + out_f)) / bw * 1e6
@@ -205,14 +209,17 @@ def print_tables(rows: list[dict]) -> None:
             print(f"| {t} | {b['rows']} | {b['active']} | {b['max_rows']} | {fmt(b['fp16_bmm'])} | "
                   f"{fmt(b.get('grouped_mm_bf16'))} | " + " | ".join(ops_) + " | " + " | ".join(ratios)
                   + f" | {fmt(k4['floor']) if k4 else '-'} |")
-        print(f"\n#### {scen} {shape}: paths (gemv (kbit: stream-K) / mma / op)\n")
+        print(f"\n#### {scen} {shape}: paths (gemv (kbit: stream-K) / mma / op; kbit bf16: dequant + grouped_mm)\n")
         print("| tokens | " + " | ".join(fmts) + " |")
         print("|---" * (1 + len(fmts)) + "|")
         for t in sorted({r["tokens"] for r in sel}):
             cells = []
             for f in fmts:
                 r = _get(sel, tokens=t, format=f)
-                cells.append("-" if r is None else f"{fmt(r.get('gemv'))} / {fmt(r.get('mma'))} / {fmt(r.get('op'))}")
+                cell = "-" if r is None else f"{fmt(r.get('gemv'))} / {fmt(r.get('mma'))} / {fmt(r.get('op'))}"
+                if r is not None and r.get("dequant_bf16"):
+                    cell += f"; {fmt(r['dequant_bf16'])}"
+                cells.append(cell)
             print(f"| {t} | " + " | ".join(cells) + " |")
 
 

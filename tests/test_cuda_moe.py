@@ -227,8 +227,11 @@ def test_kbit_grouped_dequant_path_dispatch_and_graph_replay(deterministic, gen,
 
     monkeypatch.setenv("KBIT_VLLM_DETERMINISTIC", "1" if deterministic else "0")
     n_exp, in_f, out_f, k, rows = 16, 1024, 384, 4, 2048
-    assert dispatch.choose_grouped_path(rows, n_exp, (9, 0), bf16=True) == "dequant"
-    assert dispatch.choose_grouped_path(rows, n_exp, (9, 0), bf16=False) == "mma"
+    assert dispatch.choose_grouped_path(rows, n_exp, (9, 0), grouped_mm=cuda_ops.grouped_mm_ok(
+        torch.bfloat16, (9, 0), out_f)) == "dequant"
+    assert dispatch.choose_grouped_path(rows, n_exp, (9, 0), grouped_mm=cuda_ops.grouped_mm_ok(
+        torch.float16, (9, 0), out_f)) == "mma"
+    assert not cuda_ops.grouped_mm_ok(torch.bfloat16, (9, 0), 100)  # rows of 200 bytes: not 16-aligned
     pt, at, cb, w64 = _kbit_experts(n_exp, out_f, in_f, k)
     x = torch.randn(rows, in_f, device=DEV, dtype=torch.bfloat16)
     offs = _offsets(n_exp, rows, gen)

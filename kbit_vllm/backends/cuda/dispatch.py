@@ -122,13 +122,14 @@ def grouped_rows_per_expert(rows: int, n_exp: int) -> int:
 GROUPED_DEQUANT_MIN_ROWS = 64
 
 
-def choose_grouped_path(rows: int, n_exp: int, capability: tuple[int, int], bf16: bool = False) -> str:
-    """'gemv', 'mma' or (bf16) 'dequant' for a grouped op over rows x rows and n_exp experts."""
+def choose_grouped_path(rows: int, n_exp: int, capability: tuple[int, int], grouped_mm: bool = False) -> str:
+    """'gemv', 'mma' or 'dequant' for a grouped op over rows x rows and n_exp experts; 'dequant'
+    only where torch's grouped GEMM takes the call (grouped_mm: bf16, sm_90+, see ops.py)."""
     gemv_max = GROUPED_GEMV_MAX.get(capability, GROUPED_DEFAULT)
     per = grouped_rows_per_expert(rows, n_exp)
     if per <= gemv_max:
         return "gemv"
-    return "dequant" if bf16 and per > GROUPED_DEQUANT_MIN_ROWS else "mma"
+    return "dequant" if grouped_mm and per > GROUPED_DEQUANT_MIN_ROWS else "mma"
 
 
 def pick_bm(rows_per_expert: int, table: tuple[tuple[int, int], ...], largest: int) -> int:
