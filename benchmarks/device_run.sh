@@ -3,7 +3,7 @@
 # On the GPU machine, from the repo root, with kbit_vllm/lib carried prebuilt:
 #   STEPS="tests fuzz sanitize bench_kbit bench_awq bench_moe ncu" bash benchmarks/device_run.sh
 # Steps (default "tests bench_kbit"), each with its own time limit, logs under $OUT (./device_out):
-#   tests       every GPU test module (CUDA kernels, HF on CUDA, MoE compute, fuzz short mode)
+#   tests       every GPU test module (CUDA kernels, HF on CUDA, MoE compute, fuzz short mode), or $TESTS
 #   fuzz        scripts/fuzz_long.py for FUZZ_SECONDS (default 90)
 #   sanitize    scripts/sanitize.sh (SANITIZE_TOOLS, SANITIZE_FAMILIES, SANITIZE_FILTER pass through)
 #   bench_kbit  benchmarks/bench_kbit.py $BENCH_KBIT_ARGS     bench_awq  benchmarks/bench_awq.py $BENCH_AWQ_ARGS
@@ -14,15 +14,16 @@ OUT=${OUT:-device_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-.}
 STEPS=${STEPS:-tests bench_kbit}
+TESTS=${TESTS:-tests/test_cuda_kbit.py tests/test_cuda_awq.py tests/test_cuda_moe.py tests/test_cuda_moe_glue.py
+  tests/test_moe_compute.py tests/test_hf_kbit.py tests/test_hf_awq.py tests/test_hf_moe.py tests/test_hf_awq_moe.py
+  tests/test_fuzz.py}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "from kbit_vllm.backends.cuda import library; print(library.STATUS)" | tee -a "$OUT/gpu.txt"
 git rev-parse --short HEAD 2>/dev/null | sed 's/^/commit: /' | tee -a "$OUT/gpu.txt"
 for step in $STEPS; do
   start=$(date +%s)
   case $step in
-    tests) timeout 240 python3 -m pytest -q -rs --durations=8 tests/test_cuda_kbit.py tests/test_cuda_awq.py \
-             tests/test_cuda_moe.py tests/test_moe_compute.py tests/test_hf_kbit.py tests/test_hf_awq.py \
-             tests/test_hf_moe.py tests/test_fuzz.py 2>&1 | tail -60 > "$OUT/tests.log" ;;
+    tests) timeout 240 python3 -m pytest -q -rs --durations=8 $TESTS 2>&1 | tail -60 > "$OUT/tests.log" ;;
     fuzz) timeout $(( ${FUZZ_SECONDS:-90} + 60 )) python3 scripts/fuzz_long.py --seconds "${FUZZ_SECONDS:-90}" \
              --out "$OUT/fuzz" > "$OUT/fuzz.log" 2>&1 ;;
     sanitize) OUT="$OUT/sanitize" timeout 420 bash scripts/sanitize.sh > "$OUT/sanitize.log" 2>&1; rc=$?

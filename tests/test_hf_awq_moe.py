@@ -81,7 +81,7 @@ def test_awq_moe_matches_dequantized_generates_and_resaves(folders, tmp_path, ki
     assert len([m for m in model.modules() if isinstance(m, AwqOrinLinear)]) == 8  # q/k/v/o of both layers
     base_sd = load_file(f"{base}/model.safetensors")
     router = model.model.layers[1].mlp.gate  # routers stay float, untouched
-    assert torch.equal(router.weight, base_sd[f"{MODELS[kind][2].rpartition('.')[0]}.gate.weight"])
+    assert torch.equal(router.weight.cpu(), base_sd[f"{MODELS[kind][2].rpartition('.')[0]}.gate.weight"])
 
     ref = AutoModelForCausalLM.from_pretrained(ref_dir)
     ids = tokens()
@@ -90,7 +90,7 @@ def test_awq_moe_matches_dequantized_generates_and_resaves(folders, tmp_path, ki
     assert (logits(AutoModelForCausalLM.from_pretrained(base), ids) - q).abs().max() > 0.1  # really quantized
 
     prompt = tokens(batch=1, seq=5)
-    out = model.generate(prompt, max_new_tokens=6, do_sample=False)
+    out = model.generate(prompt.to(model.device), max_new_tokens=6, do_sample=False).cpu()  # (cuda when a GPU is)
     assert out.shape == (1, 11) and torch.equal(out, ref.generate(prompt, max_new_tokens=6, do_sample=False))
 
     saved = str(tmp_path / "saved")
