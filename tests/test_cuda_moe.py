@@ -169,7 +169,10 @@ def test_awq_grouped_all_paths(gs, dtype, in_f, out_f, n_exp, gen):
         offs = _offsets(n_exp, rows, gen)
         x = torch.randn(rows, in_f, device=DEV, dtype=dtype)
         want = _reference(x, w64, offs)
-        for path, bm in [("gemv", None)] + [("mma", bm) for bm in AWQ_BMS]:
+        runs = [("gemv", None)] + [("mma", bm) for bm in AWQ_BMS]
+        if dtype == torch.bfloat16:
+            runs.append(("dequant", None))  # every expert dequantized in one launch + torch's grouped GEMM
+        for path, bm in runs:
             y = awq_ops.grouped_path(x, wq, sz, offs, gs, out_f, path, bm=bm, out=_poisoned(rows, out_f, dtype))
             _check(y, want, AWQ_TOL[dtype], f"rows={rows} {path} bm={bm} offsets={offs.tolist()}")
         y = ops.awq_grouped_linear(x, wq, sz, offs, gs, out_f)
@@ -219,19 +222,18 @@ def test_kbit_grouped_graph_replay(rows, deterministic, gen, monkeypatch):
 
 
 @pytest.mark.parametrize("deterministic", (True, False))
-def test_kbit_grouped_dequant_path_dispatch_and_graph_replay(deterministic, gen, monkeypatch):
-    """bf16 with more than dispatch.GROUPED_DEQUANT_MIN_ROWS expected rows per expert: the op takes
-    the dequantize + grouped GEMM path, right, captured and replayed in a CUDA graph; fp16 keeps
-    the grouped MMA."""
-    from kbit_vllm.backends.cuda import dispatch
+def test_grouped_dequant_path_dispatch_and_graph_replay(deterministic, gen, monkeypatch):
+    """bf16 with more than dispatch.GROUPED_DEQUANT_MIN_ROWS expected rows per expert: the kbit and
+    awq ops take the dequantize + grouped GEMM path, right, captured and replayed in a CUDA graph;
+    fp16 keeps the grouped MMA."""
+    from kbit_vllm.backends.cuda import dispatch, grouped_mm
 
     monkeypatch.setenv("KBIT_VLLM_DETERMINISTIC", "1" if deterministic else "0")
     n_exp, in_f, out_f, k, rows = 16, 1024, 384, 4, 2048
-    assert dispatch.choose_grouped_path(rows, n_exp, (9, 0), grouped_mm=cuda_ops.grouped_mm_ok(
-        torch.bfloat16, (9, 0), out_f)) == "dequant"
-    assert dispatch.choose_grouped_path(rows, n_exp, (9, 0), grouped_mm=cuda_ops.grouped_mm_ok(
-        torch.float16, (9, 0), out_f)) == "mma"
-    assert not cuda_ops.grouped_mm_ok(torch.bfloat16, (9, 0), 100)  # rows of 200 bytes: not 16-aligned
+    assert dispatch.choose_grouped_path(rows, n_exp, (9, 0)) == "mma"
+    assert grouped_mm.prefers_dequant(rows, n_exp, torch.bfloat16, (9, 0), out_f)
+    assert not grouped_mm.prefers_dequant(rows, n_exp, torch.float16, (9, 0), out_f)
+    assert not grouped_mm.grouped_mm_ok(torch.bfloat16, (9, 0), 100)  # rows of 200 bytes: not 16-aligned
     pt, at, cb, w64 = _kbit_experts(n_exp, out_f, in_f, k)
     x = torch.randn(rows, in_f, device=DEV, dtype=torch.bfloat16)
     offs = _offsets(n_exp, rows, gen)
@@ -239,6 +241,10 @@ def test_kbit_grouped_dequant_path_dispatch_and_graph_replay(deterministic, gen,
            KBIT_TOL[torch.bfloat16], "op (dequant path)")
     _graph_check(lambda: ops.kbit_grouped_linear(x, pt, at, cb, offs, k, out_f), x, offs, n_exp, gen,
                  exact=deterministic)
+    wq, sz, w64a = _awq_experts(n_exp, out_f, in_f, 128, torch.bfloat16)  # awq_orin takes the same rule
+    _check(ops.awq_grouped_linear(x, wq, sz, offs, 128, out_f), _reference(x, w64a, offs),
+           AWQ_TOL[torch.bfloat16], "awq op (dequant path)")
+    _graph_check(lambda: ops.awq_grouped_linear(x, wq, sz, offs, 128, out_f), x, offs, n_exp, gen)
 
 
 @pytest.mark.parametrize("rows", (6, 64, 700))

@@ -19,7 +19,8 @@ int mma(const void* x, const int32_t* wq, const void* sz, const void* bias, void
         int splits, int m, int in, int out, int group, cudaStream_t stream);
 int mma_splits(int m, int in, int out);
 template <typename T>
-int dequant(const int32_t* wq, const void* sz, void* w_out, int in, int out, int group, cudaStream_t stream);
+int dequant(const int32_t* wq, const void* sz, void* w_out, int in, int out, int group, int n_exp,
+            cudaStream_t stream);
 }
 
 extern "C" {
@@ -43,8 +44,8 @@ extern "C" {
                            static_cast<cudaStream_t>(stream));                                              \
     }                                                                                                       \
     int kbit_vllm_awq_dequant_##SUFFIX(const int32_t* wq, const void* sz, void* w_out, int in, int out,     \
-                                       int group, void* stream) {                                           \
-        return awq::dequant<T>(wq, sz, w_out, in, out, group, static_cast<cudaStream_t>(stream));           \
+                                       int group, int n_exp, void* stream) {                                \
+        return awq::dequant<T>(wq, sz, w_out, in, out, group, n_exp, static_cast<cudaStream_t>(stream));    \
     }
 int kbit_vllm_awq_mma_splits(int m, int in, int out) { return awq::mma_splits(m, in, out); }
 

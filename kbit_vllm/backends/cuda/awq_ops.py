@@ -24,6 +24,7 @@ from .. import reference as ref
 from . import dispatch
 from .cargs import SUFFIX
 from .cargs import ptr as _ptr
+from .grouped_mm import grouped_mm_into, prefers_dequant
 from .library import LIB, check, kernels_usable, sm_count
 from .scratch import scratch
 
@@ -127,7 +128,8 @@ def linear_path(x2: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, bias: torc
     with torch.cuda.device(dev):
         if path == "dequant":
             w = torch.empty((out_features, in_f), dtype=x2.dtype, device=dev)
-            check(getattr(LIB, f"kbit_vllm_awq_dequant_{suffix}")(_ptr(wq), _ptr(sz), _ptr(w), *dims), "awq_dequant")
+            check(getattr(LIB, f"kbit_vllm_awq_dequant_{suffix}")(_ptr(wq), _ptr(sz), _ptr(w), *dims[:3],
+                                                                  ctypes.c_int(1), stream), "awq_dequant")
             return F.linear(x2, w, bias)
         y = torch.empty((m, out_features), dtype=x2.dtype, device=dev)
         if m == 0:
@@ -236,6 +238,11 @@ def grouped_path(x2: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, offsets: 
                 _ptr(x2), _ptr(wq), _ptr(sz), _ptr(offsets), _ptr(y), *dims, ctypes.c_int(slots), stream),
                 "awq_grouped_linear (gemv)")
             return y
+        if path == "dequant":  # every expert dequantized in one launch, then torch's grouped GEMM
+            w = torch.empty((n_exp, out_features, in_f), dtype=x2.dtype, device=x2.device)
+            check(getattr(LIB, f"kbit_vllm_awq_dequant_{suffix}")(
+                _ptr(wq), _ptr(sz), _ptr(w), *dims[2:], ctypes.c_int(n_exp), stream), "awq_grouped_linear (dequant)")
+            return grouped_mm_into(x2, w, offsets, y)
         if path != "mma":
             raise ValueError(f"unknown awq_grouped_linear path {path!r}")
         cap = torch.cuda.get_device_capability(x2.device)
@@ -261,6 +268,9 @@ def awq_grouped_linear(x, wq, sz, expert_offsets, group_size, out_features):
         x2 = x2.clone()
     rows, n_exp = x2.shape[0], wq.shape[0]
     cap = torch.cuda.get_device_capability(x.device)
-    path = "gemv" if grouped_gemv_ok(rows, n_exp, cap[0] * 10 + cap[1]) else "mma"
+    if grouped_gemv_ok(rows, n_exp, cap[0] * 10 + cap[1]):
+        path = "gemv"
+    else:
+        path = "dequant" if prefers_dequant(rows, n_exp, x2.dtype, cap, out_features) else "mma"
     return grouped_path(x2, wq.contiguous(), sz.contiguous(), expert_offsets.to(torch.int32).contiguous(),
                         group_size, out_features, path)

@@ -116,20 +116,19 @@ def grouped_rows_per_expert(rows: int, n_exp: int) -> int:
 
 
 # Expected rows per expert above which bf16 grouped ops dequantize every expert and run torch's
-# grouped GEMM (prefill): H200 2026-11-21 session 3, Qwen3-30B-A3B shapes, 2048-token prefill
-# (128 rows per expert) ran at 0.39x bf16 through the grouped MMA. As the dense rule (dequant +
-# cuBLAS above M = 64).
-GROUPED_DEQUANT_MIN_ROWS = 64
+# grouped GEMM (grouped_mm.py). H200 2026-11-21 session 4, bench_moe.py k=4, µs grouped MMA /
+# dequant + grouped_mm: qwen128 gate (128 experts 2048x768) at 32 rows per expert 145 / 267, at 64
+# 218 / 272 (the dequantize is a fixed ~265 µs: all experts' weights written and read once), so the
+# crossover is ~90; seed8 (8 experts 2048x512) already at 64: 44.7 / 24.6. In vLLM, Qwen3-30B-A3B
+# shapes, 2048-token prefill went from 0.39x to 0.96x bf16.
+GROUPED_DEQUANT_MIN_ROWS = 88
 
 
-def choose_grouped_path(rows: int, n_exp: int, capability: tuple[int, int], grouped_mm: bool = False) -> str:
-    """'gemv', 'mma' or 'dequant' for a grouped op over rows x rows and n_exp experts; 'dequant'
-    only where torch's grouped GEMM takes the call (grouped_mm: bf16, sm_90+, see ops.py)."""
+def choose_grouped_path(rows: int, n_exp: int, capability: tuple[int, int]) -> str:
+    """'gemv' or 'mma' for a grouped op over rows x rows and n_exp experts (bf16 'mma' calls may
+    still go to dequantize + grouped GEMM: grouped_mm.prefers_dequant)."""
     gemv_max = GROUPED_GEMV_MAX.get(capability, GROUPED_DEFAULT)
-    per = grouped_rows_per_expert(rows, n_exp)
-    if per <= gemv_max:
-        return "gemv"
-    return "dequant" if grouped_mm and per > GROUPED_DEQUANT_MIN_ROWS else "mma"
+    return "gemv" if grouped_rows_per_expert(rows, n_exp) <= gemv_max else "mma"
 
 
 def pick_bm(rows_per_expert: int, table: tuple[tuple[int, int], ...], largest: int) -> int:

@@ -20,6 +20,7 @@ from .cargs import SUFFIX
 from .cargs import cint as _i
 from .cargs import ptr as _ptr
 from .cargs import stream as _stream
+from .grouped_mm import grouped_mm_into, prefers_dequant
 from .library import LIB, check, sm_count
 from .scratch import scratch
 
@@ -348,19 +349,11 @@ def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
     return y
 
 
-def grouped_mm_ok(dtype: torch.dtype, capability: tuple[int, int], out_features: int) -> bool:
-    """Whether torch._grouped_mm serves the dequant path: bf16 on sm_90+ (its CUTLASS kernels), and
-    16-byte aligned rows of the output and of the dequantized weights' transpose."""
-    return (dtype == torch.bfloat16 and capability >= (9, 0) and out_features % 8 == 0
-            and hasattr(torch, "_grouped_mm"))
-
-
 def _grouped_dequant_mm(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch.Tensor,
                         codebook: torch.Tensor, offsets: torch.Tensor, k: int, out_features: int,
                         y: torch.Tensor) -> torch.Tensor:
     """Prefill-sized grouped linear (bf16): every expert dequantized in one launch (the stacked
-    tiled weights are one tiled matrix of E * n_tiles tiles), then torch's grouped GEMM with the
-    device offsets (no host sync). The dense op's large-M rule (dequantize + cuBLAS) for MoE."""
+    tiled weights are one tiled matrix of E * n_tiles tiles), then torch's grouped GEMM."""
     if x2.dtype != torch.bfloat16:
         raise ValueError(f"kbit_grouped_linear dequant path takes bf16 activations, got {x2.dtype}")
     n_exp, nt = packed_tiled.shape[0], packed_tiled.shape[1]
@@ -372,8 +365,7 @@ def _grouped_dequant_mm(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_til
     w3 = w.view(n_exp, nt * 128, in_f)
     if out_features != nt * 128:
         w3 = w3[:, :out_features].contiguous()
-    y.copy_(torch._grouped_mm(x2, w3.transpose(-2, -1), offs=offsets[1:]))  # (no out= argument)
-    return y
+    return grouped_mm_into(x2, w3, offsets, y)
 
 
 def device_offsets(expert_offsets: torch.Tensor) -> torch.Tensor:
@@ -392,8 +384,9 @@ def kbit_grouped_linear(x: torch.Tensor, packed_tiled: torch.Tensor, absmax_tile
         x2 = x2.clone()
     dev = x.device
     cap = torch.cuda.get_device_capability(dev)
-    path = dispatch.choose_grouped_path(x2.shape[0], packed_tiled.shape[0], cap,
-                                        grouped_mm=grouped_mm_ok(x2.dtype, cap, out_features))
+    path = dispatch.choose_grouped_path(x2.shape[0], packed_tiled.shape[0], cap)
+    if path == "mma" and prefers_dequant(x2.shape[0], packed_tiled.shape[0], x2.dtype, cap, out_features):
+        path = "dequant"
     with torch.cuda.device(dev):
         return grouped_path(x2, packed_tiled.contiguous(), absmax_tiled.contiguous(), codebook.contiguous(),
                             device_offsets(expert_offsets), k, out_features, path)
