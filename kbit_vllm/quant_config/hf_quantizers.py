@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers.core_model_loading import ConversionOps
+from transformers.core_model_loading import ConversionOps, MergeModulelist, SplitModulelist
 from transformers.quantizers import HfQuantizer
 from transformers.quantizers import auto as hf_auto
 from transformers.quantizers.quantizers_utils import get_module_from_name, should_convert_module
@@ -151,6 +151,39 @@ KBIT_EXPERT_COMPANIONS = {suffix: "weight" + suffix for suffix in KBIT_EXPERT_SU
 AWQ_EXPERT_COMPANIONS = {suffix: suffix[1:] for suffix in AWQ_EXPERT_SUFFIXES}
 
 
+class _SplitKeepingDims(SplitModulelist):
+    """SplitModulelist that removes only the split dim: transformers before ~5.2x squeezed every
+    size-1 dim on save, so a single-group AWQ qzeros [1, out/8] per expert came out [out/8]."""
+
+    def convert(self, input_dict: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
+        shapes = []
+        for tensors in input_dict.values():
+            t = tensors[0] if isinstance(tensors, list) else tensors
+            shapes.append(t.shape[: self.dim] + t.shape[self.dim + 1:])
+        out = super().convert(input_dict, *args, **kwargs)
+        for key, v in out.items():
+            want = next((sh for sh in shapes if sh.numel() == v.numel()), v.shape)
+            out[key] = v.reshape(want)
+        return out
+
+    @property
+    def reverse_op(self) -> ConversionOps:
+        return _MergeKeepingDims(self.dim)
+
+
+class _MergeKeepingDims(MergeModulelist):
+    """MergeModulelist whose save-time inverse keeps the per-expert tensors' size-1 dims."""
+
+    @property
+    def reverse_op(self) -> ConversionOps:
+        return _SplitKeepingDims(self.dim)
+
+
+def _keeping_dims(operations: list[Any]) -> list[Any]:
+    """The converter's ops with each MergeModulelist made to keep size-1 dims when saving."""
+    return [_MergeKeepingDims(op.dim) if type(op) is MergeModulelist else op for op in operations]
+
+
 def _in_out_merge_ops(operations: list[Any]) -> list[Any] | None:
     """A [E, out, in] experts merge (stack, then concatenate gate and up on the out dim) redone for
     tensors stored [in, out] like AWQ's; None when the converter does anything else."""
@@ -196,6 +229,7 @@ def _companion_expert_converters(conversions: list[Any], projs: set[str], compan
         operations = _in_out_merge_ops(conv.operations) if in_out else conv.operations
         if operations is None:
             continue
+        operations = _keeping_dims(operations)
         for suffix, leaf in companions.items():
             new_src, new_tgt = [src[: -len("weight")] + leaf for src in sources], [targets[0] + suffix]
             if tuple(new_tgt) in existing:
