@@ -33,15 +33,18 @@ constexpr int kMmaThreads = 256;
 constexpr int kMmaWarps = kMmaThreads / 32;
 
 // Variants of the kernel, selected at run time so they can be timed side by side (variant 0 is
-// the default; the others are reached only through the forced paths "mma_v1".."mma_v3").
+// the default; the others are reached only through the forced paths "mma_v1".."mma_v4").
 // kBK: quantization blocks per stage (unit); kStages: cp.async stages; kMinBlocks: the
 // __launch_bounds__ minimum (2: 128-register cap, 1: 255); kFastLoad: each thread keeps its
-// stage-load source pointers and copy sizes per row tile and advances them by constant strides
-// (the generic load recomputes every address, ~1/3 of the loop's instructions at M = 64).
+// stage-load source pointers and zero-fill flags per row tile and advances the pointers by
+// constant strides (the generic load recomputes every address: ~1/3 of the loop's instructions
+// at M = 64). Every variant but 0 also keeps partial row tiles in accumulator-fragment order
+// (kFragWs below), which removes ~2 register moves per HMMA from the main loop.
 //   v0: 2 blocks, 4 stages, 2 CTAs/SM, generic loads (default).
 //   v1: 2 blocks, 6 stages, 1 CTA/SM (255 registers), fast loads.
 //   v2: 4 blocks, 4 stages, 1 CTA/SM, fast loads (half the barriers and load steps per HMMA).
-//   v3: 2 blocks, 4 stages, 2 CTAs/SM, fast loads (fast loads alone).
+//   v3: v0 with fragment-order partials only (the smallest change to the default).
+//   v4: 2 blocks, 4 stages, 2 CTAs/SM, fast loads (a few pointer spills at 128 registers).
 template <int V>
 struct MmaVar;
 template <>
@@ -62,13 +65,23 @@ struct MmaVar<2> {
 template <>
 struct MmaVar<3> {
     static constexpr int kBK = 2, kStages = 4, kMinBlocks = 2;
+    static constexpr bool kFastLoad = false;
+};
+template <>
+struct MmaVar<4> {
+    static constexpr int kBK = 2, kStages = 4, kMinBlocks = 2;
     static constexpr bool kFastLoad = true;
 };
-constexpr int kMmaVariants = 4;
+constexpr int kMmaVariants = 5;
 
 // Quantization blocks per stage of variant v (0 for an unknown variant).
 constexpr int mma_stage_blocks_of(int v) {
-    return v == 0 ? MmaVar<0>::kBK : v == 1 ? MmaVar<1>::kBK : v == 2 ? MmaVar<2>::kBK : v == 3 ? MmaVar<3>::kBK : 0;
+    return v == 0   ? MmaVar<0>::kBK
+           : v == 1 ? MmaVar<1>::kBK
+           : v == 2 ? MmaVar<2>::kBK
+           : v == 3 ? MmaVar<3>::kBK
+           : v == 4 ? MmaVar<4>::kBK
+                    : 0;
 }
 
 using ptx::cp_async16;
@@ -78,9 +91,12 @@ using ptx::ldmatrix_x4;
 using ptx::mma16816;
 using ptx::smem_u32;
 
-// 16-byte async copy to a 32-bit shared address; src_bytes 16 copies, 0 zero-fills.
-__device__ __forceinline__ void cp_async16_sz(uint32_t dst, const void* src, uint32_t src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+// 16-byte async copy to a 32-bit shared address; zfill != 0 zero-fills the destination instead
+// (the ignore-src predicate: one LDGSTS.ZFILL, no source-size arithmetic per copy).
+__device__ __forceinline__ void cp_async16_zf(uint32_t dst, const void* src, uint32_t zfill) {
+    asm volatile(
+        "{\n .reg .pred z;\n setp.ne.b32 z, %2, 0;\n cp.async.cg.shared.global [%0], [%1], 16, z;\n}\n" ::"r"(dst),
+        "l"(src), "r"(zfill));
 }
 
 template <int K, int MB, int TW, int V = 0>
@@ -225,20 +241,20 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW, V>::kMinBlocks)
         }
     };
 
-    // Fast loads (variants 1..3): per row tile, each thread's source pointers and copy sizes (16,
-    // or 0 to zero-fill a tile past N / a row past M; their pointers are clamped to tile / row 0,
-    // valid for every full stage); every full stage then issues its copies from those pointers,
+    // Fast loads (variants 1, 2, 4): per row tile, each thread's source pointers and zero-fill flags
+    // (a tile past N / a row past M; their pointers are clamped to tile / row 0, valid for every
+    // full stage); every full stage then issues its copies from those pointers,
     // advanced by constant strides, to fixed shared offsets of the stage slot.
     constexpr bool kFast = MmaVar<V>::kFastLoad;
     constexpr int kBPer = kFast ? (kTileChunks + kMmaThreads - 1) / kMmaThreads : 1;  // chunks per thread and tile
     constexpr int kXRows = kFast ? MB / 2 : 1;  // x rows per thread (chunk rows tid/8 + 32j)
     static_assert(!kFast || (MB % 2 == 0 && kAbsChunks <= kMmaThreads), "fast loads: MB 2 or 4");
     const uint32_t* pb[TW];
-    uint32_t szb[TW];
+    uint32_t zfb[TW];
     const uint8_t* pa = absmax_t;
-    uint32_t sza = 0;
+    uint32_t zfa = 1;
     const T* px[kXRows];
-    uint32_t szx[kXRows];
+    uint32_t zfx[kXRows];
     const uint32_t stages_s = smem_u32(stages);
     // Per-thread shared offsets inside a stage slot: B chunk (tw, i) at tw * kTileChunks * 16 +
     // tid * 16 + i * 4096; absmax at kBWords * 4 + kABytes + tid * 16; x row j, half h at
@@ -250,20 +266,20 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW, V>::kMinBlocks)
         for (int tw = 0; tw < TW; ++tw) {
             const bool ok = t0 + tw < n_tiles;
             pb[tw] = packed_t + (static_cast<size_t>(ok ? t0 + tw : 0) * nb + j0) * K * kTileN + tid * 4;
-            szb[tw] = ok ? 16u : 0u;
+            zfb[tw] = ok ? 0u : 1u;
         }
         {
             const int tw = tid / kAbsTileChunks, cc = tid - tw * kAbsTileChunks;
             const bool ok = tid < kAbsChunks && t0 + tw < n_tiles;
             pa = absmax_t + (static_cast<size_t>(ok ? t0 + tw : 0) * nb + j0) * kTileN + (ok ? cc * 16 : 0);
-            sza = ok ? 16u : 0u;
+            zfa = ok ? 0u : 1u;
         }
         const int m0 = mt * S::kRows;
 #pragma unroll
         for (int j = 0; j < kXRows; ++j) {
             const bool ok = m0 + xr + 32 * j < M;
             px[j] = x + static_cast<size_t>(ok ? m0 + xr + 32 * j : 0) * in_f + static_cast<size_t>(j0) * 32 + xch * 8;
-            szx[j] = ok ? 16u : 0u;
+            zfx[j] = ok ? 0u : 1u;
         }
     };
     auto fast_issue = [&](uint32_t sb) {
@@ -272,15 +288,15 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW, V>::kMinBlocks)
 #pragma unroll
             for (int i = 0; i < kBPer; ++i)
                 if ((i + 1) * kMmaThreads <= kTileChunks || tid + i * kMmaThreads < kTileChunks)
-                    cp_async16_sz(sb + (tw * kTileChunks + tid + i * kMmaThreads) * 16, pb[tw] + i * kMmaThreads * 4,
-                                  szb[tw]);
+                    cp_async16_zf(sb + (tw * kTileChunks + tid + i * kMmaThreads) * 16, pb[tw] + i * kMmaThreads * 4,
+                                  zfb[tw]);
         if (kAbsChunks == kMmaThreads || tid < kAbsChunks)
-            cp_async16_sz(sb + S::kBWords * 4 + S::kABytes + tid * 16, pa, sza);
+            cp_async16_zf(sb + S::kBWords * 4 + S::kABytes + tid * 16, pa, zfa);
 #pragma unroll
         for (int h = 0; h < S::kHalves; ++h)
 #pragma unroll
             for (int j = 0; j < kXRows; ++j)
-                cp_async16_sz(sb + S::kBWords * 4 + h * S::kRows * 128 + j * 32 * 128 + xoff, px[j] + h * 64, szx[j]);
+                cp_async16_zf(sb + S::kBWords * 4 + h * S::kRows * 128 + j * 32 * 128 + xoff, px[j] + h * 64, zfx[j]);
 #pragma unroll
         for (int tw = 0; tw < TW; ++tw) pb[tw] += kBK * K * kTileN;
         pa += kBK * kTileN;
@@ -340,6 +356,14 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW, V>::kMinBlocks)
     int rt = rt_first;
     bool seg_from_start = u0 == rt * nst;
     const int lcol = tw_w * kTileN + wbase + NS * col8;  // this lane's B columns in the row tile
+    // Partial row tiles in the fp32 scratch: variant 0 keeps the row tile's row-major layout
+    // (NS adjacent columns per vector, which are NS different accumulator quads); the others
+    // store each accumulator quad acc[i][s][0..3] as one float4 at [warp][i][s][lane] (a layout
+    // private to the kernel). The row-major vectors made ptxas keep the accumulators in
+    // transposed register quads across the main loop and move all of them twice per iteration
+    // (2 IMAD.MOV per HMMA at mb 4, tw 2) to meet the HMMA register quads.
+    constexpr bool kFragWs = V != 0;
+    auto frag_off = [&](int i, int s) { return ((warp * MB + i) * NS + s) * 128 + lane * 4; };
     // Stage slots read / written next (variant 0: from the iteration count modulo kStages).
     int rd_slot = 0, wr_slot = kStages - 1;
 
@@ -440,21 +464,36 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW, V>::kMinBlocks)
             constexpr int kTileFloats = S::kRows * S::kCols;
             float* mine = det ? ws + (static_cast<size_t>(cta) * 2 + (rt == rt_first ? 0 : 1)) * kTileFloats
                               : ws + static_cast<size_t>(rt) * kTileFloats;
+            if constexpr (kFragWs) {
 #pragma unroll
-            for (int i = 0; i < MB; ++i)
+                for (int i = 0; i < MB; ++i)
 #pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    float v[NS];
-#pragma unroll
-                    for (int s = 0; s < NS; ++s) v[s] = acc[i][s][q];
-                    const int rr = 16 * i + (lane >> 2) + 8 * (q >> 1);
-                    float* dst = mine + rr * S::kCols + tcol0 + NS * (2 * g + (q & 1));
-                    if (det) {
-                        st_ns<NS>(dst, v);
-                    } else {
-                        red_add_ns<NS>(dst, v);
+                    for (int s = 0; s < NS; ++s) {
+                        float* dst = mine + frag_off(i, s);
+                        if (det) {
+                            __stcg(reinterpret_cast<float4*>(dst),
+                                   make_float4(acc[i][s][0], acc[i][s][1], acc[i][s][2], acc[i][s][3]));
+                        } else {
+                            red_add4(dst, acc[i][s][0], acc[i][s][1], acc[i][s][2], acc[i][s][3]);
+                        }
                     }
-                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < MB; ++i)
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        float v[NS];
+#pragma unroll
+                        for (int s = 0; s < NS; ++s) v[s] = acc[i][s][q];
+                        const int rr = 16 * i + (lane >> 2) + 8 * (q >> 1);
+                        float* dst = mine + rr * S::kCols + tcol0 + NS * (2 * g + (q & 1));
+                        if (det) {
+                            st_ns<NS>(dst, v);
+                        } else {
+                            red_add_ns<NS>(dst, v);
+                        }
+                    }
+            }
             __threadfence();
             __syncthreads();
             if (tid == 0) {
@@ -476,17 +515,37 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW, V>::kMinBlocks)
                     for (long long c = wf; c <= wl; ++c) {  // fixed CTA order; each CTA's loads independent
                         const bool head = sk_start(c, units, ctas) >= first;
                         const float* src = ws + (static_cast<size_t>(c) * 2 + (head ? 0 : 1)) * kTileFloats;
+                        if constexpr (kFragWs) {
 #pragma unroll
-                        for (int i = 0; i < MB; ++i)
+                            for (int i = 0; i < MB; ++i)
 #pragma unroll
-                            for (int q = 0; q < 4; ++q) {
-                                const int rr = 16 * i + (lane >> 2) + 8 * (q >> 1);
-                                float v[NS];
-                                ld_ns<NS>(src + rr * S::kCols + tcol0 + NS * (2 * g + (q & 1)), v);
+                                for (int s = 0; s < NS; ++s) {
+                                    const float4 v = __ldcg(reinterpret_cast<const float4*>(src + frag_off(i, s)));
+                                    acc[i][s][0] += v.x, acc[i][s][1] += v.y, acc[i][s][2] += v.z, acc[i][s][3] += v.w;
+                                }
+                        } else {
 #pragma unroll
-                                for (int s = 0; s < NS; ++s) acc[i][s][q] += v[s];
-                            }
+                            for (int i = 0; i < MB; ++i)
+#pragma unroll
+                                for (int q = 0; q < 4; ++q) {
+                                    const int rr = 16 * i + (lane >> 2) + 8 * (q >> 1);
+                                    float v[NS];
+                                    ld_ns<NS>(src + rr * S::kCols + tcol0 + NS * (2 * g + (q & 1)), v);
+#pragma unroll
+                                    for (int s = 0; s < NS; ++s) acc[i][s][q] += v[s];
+                                }
+                        }
                     }
+                } else if constexpr (kFragWs) {
+#pragma unroll
+                    for (int i = 0; i < MB; ++i)
+#pragma unroll
+                        for (int s = 0; s < NS; ++s) {
+                            float4* src = reinterpret_cast<float4*>(mine + frag_off(i, s));
+                            const float4 v = __ldcg(src);
+                            __stcg(src, make_float4(0.f, 0.f, 0.f, 0.f));
+                            acc[i][s][0] = v.x, acc[i][s][1] = v.y, acc[i][s][2] = v.z, acc[i][s][3] = v.w;
+                        }
                 } else {
 #pragma unroll
                     for (int i = 0; i < MB; ++i)
@@ -572,7 +631,7 @@ int launch_mma_kmt(const void* x, const void* pt, const uint8_t* at, const float
 }
 
 // Returns CALL(k, mb, tw, variant) for an instantiated (k, mb, tw, variant); falls through
-// otherwise. Variant 0: every k, mb 1/2/4, tw 1/2; variants 1..3: every k, mb 2/4, tw 2.
+// otherwise. Variant 0: every k, mb 1/2/4, tw 1/2; variants 1..4: every k, mb 2/4, tw 2.
 #define KBIT_MMA_DISPATCH(CALL)                                                         \
     if (k < 2 || k > 5 || (mb != 1 && mb != 2 && mb != 4) || (tw != 1 && tw != 2)) {   \
     } else if (variant == 0) switch (k * 100 + mb * 10 + tw) {                          \
@@ -602,6 +661,10 @@ int launch_mma_kmt(const void* x, const void* pt, const uint8_t* at, const float
         case 3322: return CALL(3, 2, 2, 3); case 3342: return CALL(3, 4, 2, 3);         \
         case 3422: return CALL(4, 2, 2, 3); case 3442: return CALL(4, 4, 2, 3);         \
         case 3522: return CALL(5, 2, 2, 3); case 3542: return CALL(5, 4, 2, 3);         \
+        case 4222: return CALL(2, 2, 2, 4); case 4242: return CALL(2, 4, 2, 4);         \
+        case 4322: return CALL(3, 2, 2, 4); case 4342: return CALL(3, 4, 2, 4);         \
+        case 4422: return CALL(4, 2, 2, 4); case 4442: return CALL(4, 4, 2, 4);         \
+        case 4522: return CALL(5, 2, 2, 4); case 4542: return CALL(5, 4, 2, 4);         \
         default: break;                                                                 \
     }
 
@@ -638,7 +701,7 @@ template int mma_ctas_per_sm<half>(int, int, int, int);
 template int mma_ctas_per_sm<__nv_bfloat16>(int, int, int, int);
 
 // mb: x rows per row tile / 16 (1, 2, 4); tw: 128-feature layout tiles per row tile (1, 2);
-// variant: 0 (default) or 1..3 (mb 2 / 4, tw 2 only; see MmaVar), bk = mma_stage_blocks(variant);
+// variant: 0 (default) or 1..4 (mb 2 / 4, tw 2 only; see MmaVar), bk = mma_stage_blocks(variant);
 // ctas: grid size, 1..units where units = ceil(M / 16mb) * ceil(n_tiles / tw) * ceil(nb / bk).
 // counters: ceil(M / 16mb) * ceil(n_tiles / tw) int32, zero on entry, left zero. ws: det == 0, a
 // zeroed fp32 accumulator of units / ceil(nb / bk) row tiles of 16mb x 128tw floats (left zero);
