@@ -223,7 +223,7 @@ def test_deterministic_mode(m, dtype, in_f, out_f, monkeypatch):
         assert torch.equal(again, first), f"call {i + 2}: {int((again != first).sum())} outputs differ"
 
 
-@pytest.mark.parametrize("path", ("mma_tw1", "mma_tw2", "mma_v1", "mma_v2", "mma_v3"))
+@pytest.mark.parametrize("path", ("mma_tw1", "mma_tw2", "mma_v1", "mma_v2", "mma_v3", "mma_v4"))
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_mma_deterministic_stream_k(path, dtype, monkeypatch):
     """Deterministic mode: the stream-K MMA's partial row tiles are summed in CTA order from
