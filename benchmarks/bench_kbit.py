@@ -32,6 +32,9 @@ LLAMA = [("l3_qkv", 4096, 6144), ("l3_o", 4096, 4096), ("l3_gateup", 4096, 28672
 MS = [1, 2, 4, 8, 16, 32, 64, 256, 1024]
 KS = [2, 3, 4, 5]
 ROTATE_BYTES = 256 << 20
+# --mma-variants: row-tile widths of the default kernel, then the alternative kernel variants
+# (cuda_ops.MMA_VARIANTS; mb 2 / 4 and tw 2, so at M <= 16 they run 32-row tiles).
+MMA_VARIANT_PATHS = ["mma_tw1", "mma_tw2", *cuda_ops.MMA_VARIANTS]
 
 
 def hbm_bandwidth() -> float:
@@ -112,7 +115,7 @@ def bench_shape(name: str, in_f: int, out_f: int, ks: list[int], ms: list[int], 
             r = {"shape": name, "in": in_f, "out": out_f, "k": k, "M": m}
             small = m <= dispatch.GEMV_MAX_M
             paths = (["gemv_sk", "gemv_cluster"] if small and k <= 4 else ["gemv_cluster"] if small else []) + [
-                "mma"] + (["mma_tw1", "mma_tw2"] if mma_variants else []) + (["dequant"] if m >= 8 else [])
+                "mma"] + (MMA_VARIANT_PATHS if mma_variants else []) + (["dequant"] if m >= 8 else [])
             for path in paths:
                 def mk(c, path=path, x=x, cb=cb, k=k):
                     return lambda: cuda_ops.linear_path(x, c[0], c[1], cb, None, k, out_f, path)
@@ -186,16 +189,19 @@ def print_tables(rows: list[dict]) -> None:
 
 
 def print_mma_variants(rows: list[dict]) -> None:
-    """MMA row-tile widths side by side (--mma-variants), to set ops.MMA_TW from measurements."""
-    sel = [r for r in rows if "mma_tw1" in r or "mma_tw2" in r]
+    """MMA row-tile widths and kernel variants side by side (--mma-variants), to set ops.MMA_TW
+    and pick a variant from measurements."""
+    sel = [r for r in rows if any(p in r for p in MMA_VARIANT_PATHS)]
     if not sel:
         return
-    print("\n### MMA row-tile width (µs per call)\n")
-    print("| shape (in x out) | k | M | mma tw=1 | mma tw=2 | dequant+cuBLAS | cuBLAS |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n### MMA row-tile width and kernel variants (µs per call)\n")
+    cols = " | ".join(MMA_VARIANT_PATHS)
+    print(f"| shape (in x out) | k | M | mma (default) | {cols} | dequant+cuBLAS | cuBLAS |")
+    print("|---|---|---|---|" + "---|" * len(MMA_VARIANT_PATHS) + "---|---|")
     for r in sel:
-        print(f"| {r['shape']} {r['in']}x{r['out']} | {r['k']} | {r['M']} | {fmt(r.get('mma_tw1'))} | "
-              f"{fmt(r.get('mma_tw2'))} | {fmt(r.get('dequant'))} | {fmt(r['cublas_fp16'])} |")
+        print(f"| {r['shape']} {r['in']}x{r['out']} | {r['k']} | {r['M']} | {fmt(r.get('mma'))} | "
+              + " | ".join(fmt(r.get(p)) for p in MMA_VARIANT_PATHS)
+              + f" | {fmt(r.get('dequant'))} | {fmt(r['cublas_fp16'])} |")
 
 
 def print_summary(rows: list[dict]) -> None:
@@ -219,7 +225,8 @@ def main() -> None:
     ap.add_argument("--shapes", default=None, help="comma-separated shape names (default all)")
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"),
                     help="activation dtype (cuBLAS runs in the same dtype)")
-    ap.add_argument("--mma-variants", action="store_true", help="also time the MMA with 128- and 256-feature row tiles")
+    ap.add_argument("--mma-variants", action="store_true",
+                    help="also time the MMA with 128- and 256-feature row tiles and its kernel variants (mma_v1..)")
     args = ap.parse_args()
     bw, dev = start_run()
     ks = [4] if args.quick else KS

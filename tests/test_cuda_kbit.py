@@ -118,6 +118,37 @@ def test_linear_all_paths(k, dtype, in_f, out_f):
         _check_linear(y, x, w64, bias, dtype)
 
 
+# Forced MMA kernel variants (backends/cuda/ops.py MMA_VARIANTS) beside the default: odd N (scalar
+# output stores, a padded last tile), nb odd or below a stage (the variants' generic last-stage
+# load), one row tile split over CTAs and CTAs over several row tiles.
+MMA_VARIANT_SHAPES = ((4000, 1001), (96, 777), (32, 4101), (1312, 2053))
+MMA_VARIANT_MS = (17, 33, 64, 100)
+
+
+def _poison_allocator(nbytes: int) -> None:
+    """Fill freed allocator blocks with NaN so an output the kernel forgets to write shows up."""
+    torch.full((nbytes // 2 + 1024,), float("nan"), dtype=torch.float16, device=DEV)
+
+
+@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("in_f,out_f", MMA_VARIANT_SHAPES)
+def test_mma_variants_match_reference(k, dtype, in_f, out_f):
+    """Every MMA kernel variant and the default ("mma") against float64, with and without bias,
+    on outputs poisoned with NaN first."""
+    packed, absmax, cb = _weights(out_f, in_f, k)
+    pt, at = ops.kbit_repack(packed, absmax, k)
+    w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64)
+    bias = torch.randn(out_f, device=DEV, dtype=dtype)
+    for m in MMA_VARIANT_MS:
+        x = torch.randn(m, in_f, device=DEV, dtype=dtype)
+        b = bias if m % 2 else None
+        for path in ("mma", *cuda_ops.MMA_VARIANTS):
+            _poison_allocator(m * out_f * 2)
+            y = cuda_ops.linear_path(x, pt, at, cb, b, k, out_f, path)
+            _check_linear(y, x, w64, b, dtype)
+
+
 def test_linear_leading_dims_and_fp32():
     k, in_f, out_f = 4, 160, 200
     packed, absmax, cb = _weights(out_f, in_f, k)
@@ -192,7 +223,7 @@ def test_deterministic_mode(m, dtype, in_f, out_f, monkeypatch):
         assert torch.equal(again, first), f"call {i + 2}: {int((again != first).sum())} outputs differ"
 
 
-@pytest.mark.parametrize("path", ("mma_tw1", "mma_tw2"))
+@pytest.mark.parametrize("path", ("mma_tw1", "mma_tw2", "mma_v1", "mma_v2", "mma_v3", "mma_v4"))
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_mma_deterministic_stream_k(path, dtype, monkeypatch):
     """Deterministic mode: the stream-K MMA's partial row tiles are summed in CTA order from

@@ -31,9 +31,11 @@ template <typename T>
 int gemv_sk_ctas_per_sm(int k, int M);
 template <typename T>
 int launch_mma(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int k, int M,
-               int N, int nb, void* y, int mb, int tw, int ctas, int det, float* ws, int* counters, cudaStream_t s);
+               int N, int nb, void* y, int mb, int tw, int variant, int ctas, int det, float* ws, int* counters,
+               cudaStream_t s);
 template <typename T>
-int mma_ctas_per_sm(int k, int mb, int tw);
+int mma_ctas_per_sm(int k, int mb, int tw, int variant);
+int mma_stage_blocks(int variant);
 }
 
 extern "C" {
@@ -98,11 +100,27 @@ KBIT_DEQUANT_API(fp32, float)
     int kbit_vllm_mma_##SUFFIX(const void* x, const void* pt, const uint8_t* at, const float* cb,         \
                                const void* bias, int k, int M, int N, int nb, void* y, int mb, int tw,    \
                                int ctas, int det, float* ws, int* counters, void* stream) {               \
-        return kbit::launch_mma<T>(x, pt, at, cb, bias, k, M, N, nb, y, mb, tw, ctas, det, ws, counters,  \
-                                   static_cast<cudaStream_t>(stream));                                    \
+        return kbit::launch_mma<T>(x, pt, at, cb, bias, k, M, N, nb, y, mb, tw, 0, ctas, det, ws,         \
+                                   counters, static_cast<cudaStream_t>(stream));                          \
     }                                                                                                     \
-    int kbit_vllm_mma_ctas_per_sm_##SUFFIX(int k, int mb, int tw) { return kbit::mma_ctas_per_sm<T>(k, mb, tw); }
+    int kbit_vllm_mma_ctas_per_sm_##SUFFIX(int k, int mb, int tw) {                                       \
+        return kbit::mma_ctas_per_sm<T>(k, mb, tw, 0);                                                    \
+    }                                                                                                     \
+    int kbit_vllm_mma_variant_##SUFFIX(const void* x, const void* pt, const uint8_t* at, const float* cb, \
+                                       const void* bias, int k, int M, int N, int nb, void* y, int mb,    \
+                                       int tw, int variant, int ctas, int det, float* ws, int* counters,  \
+                                       void* stream) {                                                    \
+        return kbit::launch_mma<T>(x, pt, at, cb, bias, k, M, N, nb, y, mb, tw, variant, ctas, det, ws,   \
+                                   counters, static_cast<cudaStream_t>(stream));                          \
+    }                                                                                                     \
+    int kbit_vllm_mma_variant_ctas_per_sm_##SUFFIX(int k, int mb, int tw, int variant) {                  \
+        return kbit::mma_ctas_per_sm<T>(k, mb, tw, variant);                                              \
+    }
 KBIT_LINEAR_API(fp16, half)
 KBIT_LINEAR_API(bf16, __nv_bfloat16)
+
+// Quantization blocks per work unit of MMA variant v (variant 0 is the default kernel; 1.. are
+// alternatives timed beside it); 0 for an unknown variant.
+int kbit_vllm_mma_stage_blocks(int variant) { return kbit::mma_stage_blocks(variant); }
 
 }  // extern "C"

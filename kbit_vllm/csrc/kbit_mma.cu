@@ -31,8 +31,58 @@ namespace {
 
 constexpr int kMmaThreads = 256;
 constexpr int kMmaWarps = kMmaThreads / 32;
-constexpr int kMmaStages = 4;
-constexpr int kMmaBK = 2;  // quantization blocks per stage (unit)
+
+// Variants of the kernel, selected at run time so they can be timed side by side (variant 0 is
+// the default; the others are reached only through the forced paths "mma_v1".."mma_v4").
+// kBK: quantization blocks per stage (unit); kStages: cp.async stages; kMinBlocks: the
+// __launch_bounds__ minimum (2: 128-register cap, 1: 255); kFastLoad: each thread keeps its
+// stage-load source pointers and zero-fill flags per row tile and advances the pointers by
+// constant strides (the generic load recomputes every address: ~1/3 of the loop's instructions
+// at M = 64). Every variant but 0 also keeps partial row tiles in accumulator-fragment order
+// (kFragWs below), which removes ~2 register moves per HMMA from the main loop.
+//   v0: 2 blocks, 4 stages, 2 CTAs/SM, generic loads (default).
+//   v1: 2 blocks, 6 stages, 1 CTA/SM (255 registers), fast loads.
+//   v2: 4 blocks, 4 stages, 1 CTA/SM, fast loads (half the barriers and load steps per HMMA).
+//   v3: v0 with fragment-order partials only (the smallest change to the default).
+//   v4: 2 blocks, 4 stages, 2 CTAs/SM, fast loads (a few pointer spills at 128 registers).
+template <int V>
+struct MmaVar;
+template <>
+struct MmaVar<0> {
+    static constexpr int kBK = 2, kStages = 4, kMinBlocks = 2;
+    static constexpr bool kFastLoad = false;
+};
+template <>
+struct MmaVar<1> {
+    static constexpr int kBK = 2, kStages = 6, kMinBlocks = 1;
+    static constexpr bool kFastLoad = true;
+};
+template <>
+struct MmaVar<2> {
+    static constexpr int kBK = 4, kStages = 4, kMinBlocks = 1;
+    static constexpr bool kFastLoad = true;
+};
+template <>
+struct MmaVar<3> {
+    static constexpr int kBK = 2, kStages = 4, kMinBlocks = 2;
+    static constexpr bool kFastLoad = false;
+};
+template <>
+struct MmaVar<4> {
+    static constexpr int kBK = 2, kStages = 4, kMinBlocks = 2;
+    static constexpr bool kFastLoad = true;
+};
+constexpr int kMmaVariants = 5;
+
+// Quantization blocks per stage of variant v (0 for an unknown variant).
+constexpr int mma_stage_blocks_of(int v) {
+    return v == 0   ? MmaVar<0>::kBK
+           : v == 1 ? MmaVar<1>::kBK
+           : v == 2 ? MmaVar<2>::kBK
+           : v == 3 ? MmaVar<3>::kBK
+           : v == 4 ? MmaVar<4>::kBK
+                    : 0;
+}
 
 using ptx::cp_async16;
 using ptx::cp_async_commit;
@@ -41,21 +91,32 @@ using ptx::ldmatrix_x4;
 using ptx::mma16816;
 using ptx::smem_u32;
 
-template <int K, int MB, int TW>
+// 16-byte async copy to a 32-bit shared address; zfill != 0 zero-fills the destination instead
+// (the ignore-src predicate: one LDGSTS.ZFILL, no source-size arithmetic per copy).
+__device__ __forceinline__ void cp_async16_zf(uint32_t dst, const void* src, uint32_t zfill) {
+    asm volatile(
+        "{\n .reg .pred z;\n setp.ne.b32 z, %2, 0;\n cp.async.cg.shared.global [%0], [%1], 16, z;\n}\n" ::"r"(dst),
+        "l"(src), "r"(zfill));
+}
+
+template <int K, int MB, int TW, int V = 0>
 struct MmaCfg {
+    static constexpr int kBK = MmaVar<V>::kBK;            // quantization blocks per stage
+    static constexpr int kStages = MmaVar<V>::kStages;
+    static constexpr int kHalves = kBK / 2;               // x tile: [kHalves][kRows][64 elements]
     static constexpr int kRows = 16 * MB;                 // x rows per row tile
     static constexpr int kCols = kTileN * TW;             // features per row tile
     static constexpr int kNS = 2 * TW;                    // n8 sub-tiles per warp
     static constexpr int kWarpsPerTile = kMmaWarps / TW;  // warps per layout tile
     static constexpr bool kLut = K <= 4;
     static constexpr int kLutBytes = kLut ? kLutWords * 4 : 0;
-    static constexpr int kBWords = TW * kMmaBK * K * kTileN;  // per stage: [TW][BK][K][128]
-    static constexpr int kABytes = kRows * kMmaBK * 32 * 2;    // per stage (16-bit x)
-    static constexpr int kAbsBytes = TW * kMmaBK * kTileN;     // per stage: [TW][BK][128]
+    static constexpr int kBWords = TW * kBK * K * kTileN;  // per stage: [TW][BK][K][128]
+    static constexpr int kABytes = kRows * kBK * 32 * 2;   // per stage (16-bit x)
+    static constexpr int kAbsBytes = TW * kBK * kTileN;    // per stage: [TW][BK][128]
     static constexpr int kStageBytes = kBWords * 4 + kABytes + kAbsBytes;
-    static constexpr int kBytes = kLutBytes + kStageBytes * kMmaStages;
-    static constexpr int kMinBlocks = 2;
-    static_assert(kStageBytes % 16 == 0 && kNS * 8 * kWarpsPerTile == kTileN, "bad MMA tile");
+    static constexpr int kBytes = kLutBytes + kStageBytes * kStages;
+    static constexpr int kMinBlocks = MmaVar<V>::kMinBlocks;
+    static_assert(kBK % 2 == 0 && kStageBytes % 16 == 0 && kNS * 8 * kWarpsPerTile == kTileN, "bad MMA tile");
 };
 
 // NS adjacent plane words / absmax bytes of one lane (NS = 2 or 4).
@@ -109,13 +170,15 @@ __device__ __forceinline__ void ld_ns(const float* src, float (&v)[NS]) {
     }
 }
 
-template <typename T, int K, int MB, int TW>
-__global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW>::kMinBlocks) mma_sk_kernel(
+template <typename T, int K, int MB, int TW, int V>
+__global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW, V>::kMinBlocks) mma_sk_kernel(
     const T* __restrict__ x, const uint32_t* __restrict__ packed_t, const uint8_t* __restrict__ absmax_t,
     const float* __restrict__ codebook, const T* __restrict__ bias, T* __restrict__ y, int M, int N, int nb,
     int det, float* __restrict__ ws, int* __restrict__ counters) {
-    using S = MmaCfg<K, MB, TW>;
+    using S = MmaCfg<K, MB, TW, V>;
     constexpr int NS = S::kNS;
+    constexpr int kBK = S::kBK;
+    constexpr int kStages = S::kStages;
     extern __shared__ __align__(16) unsigned char smem_mma[];
     __shared__ int last_flag;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -124,7 +187,7 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW>::kMinBlocks) mm
     const int wbase = (warp - tw_w * S::kWarpsPerTile) * NS * 8;     // first feature of the warp in that tile
     const int n_tiles = (N + kTileN - 1) / kTileN;
     const int n_rt = (n_tiles + TW - 1) / TW;                        // row tiles along N
-    const int nst = (nb + kMmaBK - 1) / kMmaBK;
+    const int nst = (nb + kBK - 1) / kBK;
     const int m_tiles = (M + S::kRows - 1) / S::kRows;
     const long long ctas = gridDim.x, cta = blockIdx.x;
     const long long units = static_cast<long long>(m_tiles) * n_rt * nst;
@@ -135,22 +198,17 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW>::kMinBlocks) mm
     unsigned char* stages = smem_mma + S::kLutBytes;
 
     // Load cursor: the next unit to stage is always the previous one + 1 (prologue u0, u0 + 1, ..;
-    // then u + kMmaStages - 1 per iteration), so (row tile, stage) advance without a division
+    // then u + kStages - 1 per iteration), so (row tile, stage) advance without a division
     // except when a row tile ends (the divisions were ~1/8 of the instructions per unit).
     int l_rt = u0 / nst, l_st = u0 - l_rt * nst;
     int l_mt = l_rt / n_rt, l_t0 = (l_rt - l_mt * n_rt) * TW;
-    auto load_stage = [&](int slot) {
-        unsigned char* base = stages + slot * S::kStageBytes;
-        const int mt = l_mt, t0 = l_t0;
-        const int j0 = l_st * kMmaBK;
-        if (++l_st == nst) {
-            l_st = 0;
-            ++l_rt;
-            l_mt = l_rt / n_rt;
-            l_t0 = (l_rt - l_mt * n_rt) * TW;
-        }
-        const int jn = min(kMmaBK, nb - j0);  // valid blocks in this stage
-        constexpr int kTileChunks = kMmaBK * K * kTileN / 4;
+    constexpr int kTileChunks = kBK * K * kTileN / 4;  // 16-byte chunks of one tile's planes per stage
+    constexpr int kAbsChunks = S::kAbsBytes / 16;
+    constexpr int kAbsTileChunks = kBK * kTileN / 16;
+    // Every address computed from (row tile, stage): all of variant 0's loads, and the other
+    // variants' last stage of a row tile when nb is no multiple of kBK (jn < kBK blocks).
+    auto load_generic = [&](unsigned char* base, int mt, int t0, int j0) {
+        const int jn = min(kBK, nb - j0);  // valid blocks in this stage
 #pragma unroll
         for (int tw = 0; tw < TW; ++tw) {
             const bool tile_ok = t0 + tw < n_tiles;
@@ -161,28 +219,117 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW>::kMinBlocks) mm
             }
         }
         unsigned char* abs_s = base + S::kBWords * 4 + S::kABytes;
-        constexpr int kAbsChunks = S::kAbsBytes / 16;
-        constexpr int kAbsTileChunks = kMmaBK * kTileN / 16;
         for (int c = tid; c < kAbsChunks; c += kMmaThreads) {
             const int tw = c / kAbsTileChunks, cc = c - tw * kAbsTileChunks;
             const bool ok = t0 + tw < n_tiles && cc * 16 < jn * kTileN;
             const uint8_t* src = absmax_t + (static_cast<size_t>(t0 + tw) * nb + j0) * kTileN + cc * 16;
             cp_async16(abs_s + c * 16, ok ? src : absmax_t, ok);
         }
-        // x rows mt*kRows.., 64 elements from column j0*32: 8 chunks of 16 B per row, swizzled.
+        // x rows mt*kRows.., 32 * kBK elements from column j0*32, as kHalves tiles of 64 columns:
+        // 8 chunks of 16 B per row and half, swizzled.
         unsigned char* a_s = base + S::kBWords * 4;
         const int m0 = mt * S::kRows;
-        constexpr int kAChunks = S::kRows * 8;
+        constexpr int kHalfChunks = S::kRows * 8;
+        constexpr int kAChunks = kHalfChunks * S::kHalves;
         for (int c = tid; c < kAChunks; c += kMmaThreads) {
-            const int r = c >> 3, ch = c & 7;
-            const bool ok = (m0 + r < M) && (ch < jn * 4);
-            const T* src = ok ? x + static_cast<size_t>(m0 + r) * in_f + static_cast<size_t>(j0) * 32 + ch * 8 : x;
-            cp_async16(a_s + r * 128 + ((ch ^ (r & 7)) << 4), src, ok);
+            const int h = S::kHalves == 1 ? 0 : c / kHalfChunks, hc = S::kHalves == 1 ? c : c - h * kHalfChunks;
+            const int r = hc >> 3, ch = hc & 7;
+            const bool ok = (m0 + r < M) && (h * 8 + ch < jn * 4);
+            const T* src =
+                ok ? x + static_cast<size_t>(m0 + r) * in_f + static_cast<size_t>(j0) * 32 + (h * 8 + ch) * 8 : x;
+            cp_async16(a_s + h * (kHalfChunks * 16) + r * 128 + ((ch ^ (r & 7)) << 4), src, ok);
+        }
+    };
+
+    // Fast loads (variants 1, 2, 4): per row tile, each thread's source pointers and zero-fill flags
+    // (a tile past N / a row past M; their pointers are clamped to tile / row 0, valid for every
+    // full stage); every full stage then issues its copies from those pointers,
+    // advanced by constant strides, to fixed shared offsets of the stage slot.
+    constexpr bool kFast = MmaVar<V>::kFastLoad;
+    constexpr int kBPer = kFast ? (kTileChunks + kMmaThreads - 1) / kMmaThreads : 1;  // chunks per thread and tile
+    constexpr int kXRows = kFast ? MB / 2 : 1;  // x rows per thread (chunk rows tid/8 + 32j)
+    static_assert(!kFast || (MB % 2 == 0 && kAbsChunks <= kMmaThreads), "fast loads: MB 2 or 4");
+    const uint32_t* pb[TW];
+    uint32_t zfb[TW];
+    const uint8_t* pa = absmax_t;
+    uint32_t zfa = 1;
+    const T* px[kXRows];
+    uint32_t zfx[kXRows];
+    const uint32_t stages_s = smem_u32(stages);
+    // Per-thread shared offsets inside a stage slot: B chunk (tw, i) at tw * kTileChunks * 16 +
+    // tid * 16 + i * 4096; absmax at kBWords * 4 + kABytes + tid * 16; x row j, half h at
+    // kBWords * 4 + h * kRows * 128 + j * 4096 + xoff.
+    const int xr = tid >> 3, xch = tid & 7;
+    const uint32_t xoff = static_cast<uint32_t>(xr * 128 + ((xch ^ (xr & 7)) << 4));
+    auto fast_setup = [&](int mt, int t0, int j0) {
+#pragma unroll
+        for (int tw = 0; tw < TW; ++tw) {
+            const bool ok = t0 + tw < n_tiles;
+            pb[tw] = packed_t + (static_cast<size_t>(ok ? t0 + tw : 0) * nb + j0) * K * kTileN + tid * 4;
+            zfb[tw] = ok ? 0u : 1u;
+        }
+        {
+            const int tw = tid / kAbsTileChunks, cc = tid - tw * kAbsTileChunks;
+            const bool ok = tid < kAbsChunks && t0 + tw < n_tiles;
+            pa = absmax_t + (static_cast<size_t>(ok ? t0 + tw : 0) * nb + j0) * kTileN + (ok ? cc * 16 : 0);
+            zfa = ok ? 0u : 1u;
+        }
+        const int m0 = mt * S::kRows;
+#pragma unroll
+        for (int j = 0; j < kXRows; ++j) {
+            const bool ok = m0 + xr + 32 * j < M;
+            px[j] = x + static_cast<size_t>(ok ? m0 + xr + 32 * j : 0) * in_f + static_cast<size_t>(j0) * 32 + xch * 8;
+            zfx[j] = ok ? 0u : 1u;
+        }
+    };
+    auto fast_issue = [&](uint32_t sb) {
+#pragma unroll
+        for (int tw = 0; tw < TW; ++tw)
+#pragma unroll
+            for (int i = 0; i < kBPer; ++i)
+                if ((i + 1) * kMmaThreads <= kTileChunks || tid + i * kMmaThreads < kTileChunks)
+                    cp_async16_zf(sb + (tw * kTileChunks + tid + i * kMmaThreads) * 16, pb[tw] + i * kMmaThreads * 4,
+                                  zfb[tw]);
+        if (kAbsChunks == kMmaThreads || tid < kAbsChunks)
+            cp_async16_zf(sb + S::kBWords * 4 + S::kABytes + tid * 16, pa, zfa);
+#pragma unroll
+        for (int h = 0; h < S::kHalves; ++h)
+#pragma unroll
+            for (int j = 0; j < kXRows; ++j)
+                cp_async16_zf(sb + S::kBWords * 4 + h * S::kRows * 128 + j * 32 * 128 + xoff, px[j] + h * 64, zfx[j]);
+#pragma unroll
+        for (int tw = 0; tw < TW; ++tw) pb[tw] += kBK * K * kTileN;
+        pa += kBK * kTileN;
+#pragma unroll
+        for (int j = 0; j < kXRows; ++j) px[j] += kBK * 32;
+    };
+    if constexpr (kFast) fast_setup(l_mt, l_t0, l_st * kBK);
+
+    auto load_stage = [&](int slot) {
+        unsigned char* base = stages + slot * S::kStageBytes;
+        const int mt = l_mt, t0 = l_t0;
+        const int j0 = l_st * kBK;
+        const bool row_end = ++l_st == nst;
+        if (row_end) {
+            l_st = 0;
+            ++l_rt;
+            l_mt = l_rt / n_rt;
+            l_t0 = (l_rt - l_mt * n_rt) * TW;
+        }
+        if constexpr (kFast) {
+            if (j0 + kBK <= nb) {
+                fast_issue(stages_s + slot * S::kStageBytes);
+            } else {
+                load_generic(base, mt, t0, j0);
+            }
+            if (row_end) fast_setup(l_mt, l_t0, 0);
+        } else {
+            load_generic(base, mt, t0, j0);
         }
     };
 
 #pragma unroll
-    for (int s = 0; s < kMmaStages - 1; ++s) {
+    for (int s = 0; s < kStages - 1; ++s) {
         if (u0 + s < u1) load_stage(s);
         cp_async_commit();
     }
@@ -209,6 +356,16 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW>::kMinBlocks) mm
     int rt = rt_first;
     bool seg_from_start = u0 == rt * nst;
     const int lcol = tw_w * kTileN + wbase + NS * col8;  // this lane's B columns in the row tile
+    // Partial row tiles in the fp32 scratch: variant 0 keeps the row tile's row-major layout
+    // (NS adjacent columns per vector, which are NS different accumulator quads); the others
+    // store each accumulator quad acc[i][s][0..3] as one float4 at [warp][i][s][lane] (a layout
+    // private to the kernel). The row-major vectors made ptxas keep the accumulators in
+    // transposed register quads across the main loop and move all of them twice per iteration
+    // (2 IMAD.MOV per HMMA at mb 4, tw 2) to meet the HMMA register quads.
+    constexpr bool kFragWs = V != 0;
+    auto frag_off = [&](int i, int s) { return ((warp * MB + i) * NS + s) * 128 + lane * 4; };
+    // Stage slots read / written next (variant 0: from the iteration count modulo kStages).
+    int rd_slot = 0, wr_slot = kStages - 1;
 
     // Outer loop: one segment (this CTA's units of one row tile) per pass; the inner loop is the
     // pipelined main loop alone, so the accumulators keep fixed registers around its back edge
@@ -217,20 +374,30 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW>::kMinBlocks) mm
         const int seg_end = min(u1, (rt + 1) * nst);
         for (; u < seg_end; ++u) {
             const int itn = u - u0;
-            cp_async_wait<kMmaStages - 2>();
+            cp_async_wait<kStages - 2>();
             __syncthreads();
             {
-                const int nxt = u + kMmaStages - 1;
-                if (nxt < u1) load_stage((itn + kMmaStages - 1) % kMmaStages);
+                const int nxt = u + kStages - 1;
+                if constexpr (V == 0) {
+                    if (nxt < u1) load_stage((itn + kStages - 1) % kStages);
+                } else {
+                    if (nxt < u1) load_stage(wr_slot);
+                    wr_slot = wr_slot == kStages - 1 ? 0 : wr_slot + 1;
+                }
                 cp_async_commit();
             }
-            const unsigned char* base = stages + (itn % kMmaStages) * S::kStageBytes;
-            const uint32_t* b_s = reinterpret_cast<const uint32_t*>(base) + tw_w * kMmaBK * K * kTileN;
+            const int slot = V == 0 ? itn % kStages : rd_slot;
+            if constexpr (V != 0) rd_slot = rd_slot == kStages - 1 ? 0 : rd_slot + 1;
+            const unsigned char* base = stages + slot * S::kStageBytes;
+            const uint32_t* b_s = reinterpret_cast<const uint32_t*>(base) + tw_w * kBK * K * kTileN;
             const uint32_t a_base = smem_u32(base + S::kBWords * 4);
-            const uint8_t* abs_s = base + S::kBWords * 4 + S::kABytes + tw_w * kMmaBK * kTileN;
+            const uint8_t* abs_s = base + S::kBWords * 4 + S::kABytes + tw_w * kBK * kTileN;
             const int c0 = wbase + NS * col8;  // column in the layout tile
 #pragma unroll
-            for (int blk = 0; blk < kMmaBK; ++blk) {
+            for (int blk = 0; blk < kBK; ++blk) {
+                // x half of this block and the block's place in it
+                const uint32_t a_half = a_base + (blk >> 1) * S::kRows * 128;
+                const int hb = blk & 1;
                 using Wd = Words<NS>;
                 typename Wd::V pw[K];
 #pragma unroll
@@ -261,7 +428,7 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW>::kMinBlocks) mm
                             bf[s][0] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + o0), s2[s]);
                             bf[s][1] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + o1), s2[s]);
                         }
-                        mma_k16<T, MB, NS>(acc, a_base, 0, blk, kk, lane, bf);
+                        mma_k16<T, MB, NS>(acc, a_half, 0, hb, kk, lane, bf);
                     }
                 } else {
                     uint32_t bf[NS][4];  // [n8 sub-tile][b0, b1 of k16 #0, b0, b1 of k16 #1]
@@ -277,7 +444,7 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW>::kMinBlocks) mm
                         uint32_t bk[NS][2];
 #pragma unroll
                         for (int s = 0; s < NS; ++s) bk[s][0] = bf[s][2 * kk], bk[s][1] = bf[s][2 * kk + 1];
-                        mma_k16<T, MB, NS>(acc, a_base, 0, blk, kk, lane, bk);
+                        mma_k16<T, MB, NS>(acc, a_half, 0, hb, kk, lane, bk);
                     }
                 }
             }
@@ -297,21 +464,36 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW>::kMinBlocks) mm
             constexpr int kTileFloats = S::kRows * S::kCols;
             float* mine = det ? ws + (static_cast<size_t>(cta) * 2 + (rt == rt_first ? 0 : 1)) * kTileFloats
                               : ws + static_cast<size_t>(rt) * kTileFloats;
+            if constexpr (kFragWs) {
 #pragma unroll
-            for (int i = 0; i < MB; ++i)
+                for (int i = 0; i < MB; ++i)
 #pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    float v[NS];
-#pragma unroll
-                    for (int s = 0; s < NS; ++s) v[s] = acc[i][s][q];
-                    const int rr = 16 * i + (lane >> 2) + 8 * (q >> 1);
-                    float* dst = mine + rr * S::kCols + tcol0 + NS * (2 * g + (q & 1));
-                    if (det) {
-                        st_ns<NS>(dst, v);
-                    } else {
-                        red_add_ns<NS>(dst, v);
+                    for (int s = 0; s < NS; ++s) {
+                        float* dst = mine + frag_off(i, s);
+                        if (det) {
+                            __stcg(reinterpret_cast<float4*>(dst),
+                                   make_float4(acc[i][s][0], acc[i][s][1], acc[i][s][2], acc[i][s][3]));
+                        } else {
+                            red_add4(dst, acc[i][s][0], acc[i][s][1], acc[i][s][2], acc[i][s][3]);
+                        }
                     }
-                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < MB; ++i)
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        float v[NS];
+#pragma unroll
+                        for (int s = 0; s < NS; ++s) v[s] = acc[i][s][q];
+                        const int rr = 16 * i + (lane >> 2) + 8 * (q >> 1);
+                        float* dst = mine + rr * S::kCols + tcol0 + NS * (2 * g + (q & 1));
+                        if (det) {
+                            st_ns<NS>(dst, v);
+                        } else {
+                            red_add_ns<NS>(dst, v);
+                        }
+                    }
+            }
             __threadfence();
             __syncthreads();
             if (tid == 0) {
@@ -333,17 +515,37 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW>::kMinBlocks) mm
                     for (long long c = wf; c <= wl; ++c) {  // fixed CTA order; each CTA's loads independent
                         const bool head = sk_start(c, units, ctas) >= first;
                         const float* src = ws + (static_cast<size_t>(c) * 2 + (head ? 0 : 1)) * kTileFloats;
+                        if constexpr (kFragWs) {
 #pragma unroll
-                        for (int i = 0; i < MB; ++i)
+                            for (int i = 0; i < MB; ++i)
 #pragma unroll
-                            for (int q = 0; q < 4; ++q) {
-                                const int rr = 16 * i + (lane >> 2) + 8 * (q >> 1);
-                                float v[NS];
-                                ld_ns<NS>(src + rr * S::kCols + tcol0 + NS * (2 * g + (q & 1)), v);
+                                for (int s = 0; s < NS; ++s) {
+                                    const float4 v = __ldcg(reinterpret_cast<const float4*>(src + frag_off(i, s)));
+                                    acc[i][s][0] += v.x, acc[i][s][1] += v.y, acc[i][s][2] += v.z, acc[i][s][3] += v.w;
+                                }
+                        } else {
 #pragma unroll
-                                for (int s = 0; s < NS; ++s) acc[i][s][q] += v[s];
-                            }
+                            for (int i = 0; i < MB; ++i)
+#pragma unroll
+                                for (int q = 0; q < 4; ++q) {
+                                    const int rr = 16 * i + (lane >> 2) + 8 * (q >> 1);
+                                    float v[NS];
+                                    ld_ns<NS>(src + rr * S::kCols + tcol0 + NS * (2 * g + (q & 1)), v);
+#pragma unroll
+                                    for (int s = 0; s < NS; ++s) acc[i][s][q] += v[s];
+                                }
+                        }
                     }
+                } else if constexpr (kFragWs) {
+#pragma unroll
+                    for (int i = 0; i < MB; ++i)
+#pragma unroll
+                        for (int s = 0; s < NS; ++s) {
+                            float4* src = reinterpret_cast<float4*>(mine + frag_off(i, s));
+                            const float4 v = __ldcg(src);
+                            __stcg(src, make_float4(0.f, 0.f, 0.f, 0.f));
+                            acc[i][s][0] = v.x, acc[i][s][1] = v.y, acc[i][s][2] = v.z, acc[i][s][3] = v.w;
+                        }
                 } else {
 #pragma unroll
                     for (int i = 0; i < MB; ++i)
@@ -408,16 +610,16 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW>::kMinBlocks) mm
     cp_async_wait<0>();
 }
 
-template <typename T, int K, int MB, int TW>
+template <typename T, int K, int MB, int TW, int V>
 const void* mma_kernel_ptr() {
-    return reinterpret_cast<const void*>(mma_sk_kernel<T, K, MB, TW>);
+    return reinterpret_cast<const void*>(mma_sk_kernel<T, K, MB, TW, V>);
 }
 
-template <typename T, int K, int MB, int TW>
+template <typename T, int K, int MB, int TW, int V>
 int launch_mma_kmt(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int M, int N,
                    int nb, void* y, int ctas, int det, float* ws, int* counters, cudaStream_t stream) {
-    using S = MmaCfg<K, MB, TW>;
-    auto kern = mma_sk_kernel<T, K, MB, TW>;
+    using S = MmaCfg<K, MB, TW, V>;
+    auto kern = mma_sk_kernel<T, K, MB, TW, V>;
     if (S::kBytes > 48 * 1024) {
         const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytes);
         if (e != cudaSuccess) return static_cast<int>(e);
@@ -428,32 +630,50 @@ int launch_mma_kmt(const void* x, const void* pt, const uint8_t* at, const float
     KBIT_RETURN_LAUNCH_STATUS();
 }
 
-// Calls F<T, K, MB, TW>::run(args...) for runtime (k, mb, tw); cudaErrorInvalidValue otherwise.
-#define KBIT_MMA_DISPATCH(CALL)                                                   \
-    switch (k * 100 + mb * 10 + tw) {                                             \
-        case 211: return CALL(2, 1, 1); case 212: return CALL(2, 1, 2);           \
-        case 221: return CALL(2, 2, 1); case 222: return CALL(2, 2, 2);           \
-        case 241: return CALL(2, 4, 1); case 242: return CALL(2, 4, 2);           \
-        case 311: return CALL(3, 1, 1); case 312: return CALL(3, 1, 2);           \
-        case 321: return CALL(3, 2, 1); case 322: return CALL(3, 2, 2);           \
-        case 341: return CALL(3, 4, 1); case 342: return CALL(3, 4, 2);           \
-        case 411: return CALL(4, 1, 1); case 412: return CALL(4, 1, 2);           \
-        case 421: return CALL(4, 2, 1); case 422: return CALL(4, 2, 2);           \
-        case 441: return CALL(4, 4, 1); case 442: return CALL(4, 4, 2);           \
-        case 511: return CALL(5, 1, 1); case 512: return CALL(5, 1, 2);           \
-        case 521: return CALL(5, 2, 1); case 522: return CALL(5, 2, 2);           \
-        case 541: return CALL(5, 4, 1); case 542: return CALL(5, 4, 2);           \
-        default: break;                                                           \
+// Returns CALL(k, mb, tw, variant) for an instantiated (k, mb, tw, variant); falls through
+// otherwise. Variant 0: every k, mb 1/2/4, tw 1/2; variants 1..4: every k, mb 2/4, tw 2.
+#define KBIT_MMA_DISPATCH(CALL)                                                         \
+    if (k < 2 || k > 5 || (mb != 1 && mb != 2 && mb != 4) || (tw != 1 && tw != 2)) {   \
+    } else if (variant == 0) switch (k * 100 + mb * 10 + tw) {                          \
+        case 211: return CALL(2, 1, 1, 0); case 212: return CALL(2, 1, 2, 0);           \
+        case 221: return CALL(2, 2, 1, 0); case 222: return CALL(2, 2, 2, 0);           \
+        case 241: return CALL(2, 4, 1, 0); case 242: return CALL(2, 4, 2, 0);           \
+        case 311: return CALL(3, 1, 1, 0); case 312: return CALL(3, 1, 2, 0);           \
+        case 321: return CALL(3, 2, 1, 0); case 322: return CALL(3, 2, 2, 0);           \
+        case 341: return CALL(3, 4, 1, 0); case 342: return CALL(3, 4, 2, 0);           \
+        case 411: return CALL(4, 1, 1, 0); case 412: return CALL(4, 1, 2, 0);           \
+        case 421: return CALL(4, 2, 1, 0); case 422: return CALL(4, 2, 2, 0);           \
+        case 441: return CALL(4, 4, 1, 0); case 442: return CALL(4, 4, 2, 0);           \
+        case 511: return CALL(5, 1, 1, 0); case 512: return CALL(5, 1, 2, 0);           \
+        case 521: return CALL(5, 2, 1, 0); case 522: return CALL(5, 2, 2, 0);           \
+        case 541: return CALL(5, 4, 1, 0); case 542: return CALL(5, 4, 2, 0);           \
+        default: break;                                                                 \
+    } else switch (variant * 1000 + k * 100 + mb * 10 + tw) {                           \
+        case 1222: return CALL(2, 2, 2, 1); case 1242: return CALL(2, 4, 2, 1);         \
+        case 1322: return CALL(3, 2, 2, 1); case 1342: return CALL(3, 4, 2, 1);         \
+        case 1422: return CALL(4, 2, 2, 1); case 1442: return CALL(4, 4, 2, 1);         \
+        case 1522: return CALL(5, 2, 2, 1); case 1542: return CALL(5, 4, 2, 1);         \
+        case 2222: return CALL(2, 2, 2, 2); case 2242: return CALL(2, 4, 2, 2);         \
+        case 2322: return CALL(3, 2, 2, 2); case 2342: return CALL(3, 4, 2, 2);         \
+        case 2422: return CALL(4, 2, 2, 2); case 2442: return CALL(4, 4, 2, 2);         \
+        case 2522: return CALL(5, 2, 2, 2); case 2542: return CALL(5, 4, 2, 2);         \
+        case 3222: return CALL(2, 2, 2, 3); case 3242: return CALL(2, 4, 2, 3);         \
+        case 3322: return CALL(3, 2, 2, 3); case 3342: return CALL(3, 4, 2, 3);         \
+        case 3422: return CALL(4, 2, 2, 3); case 3442: return CALL(4, 4, 2, 3);         \
+        case 3522: return CALL(5, 2, 2, 3); case 3542: return CALL(5, 4, 2, 3);         \
+        case 4222: return CALL(2, 2, 2, 4); case 4242: return CALL(2, 4, 2, 4);         \
+        case 4322: return CALL(3, 2, 2, 4); case 4342: return CALL(3, 4, 2, 4);         \
+        case 4422: return CALL(4, 2, 2, 4); case 4442: return CALL(4, 4, 2, 4);         \
+        case 4522: return CALL(5, 2, 2, 4); case 4542: return CALL(5, 4, 2, 4);         \
+        default: break;                                                                 \
     }
 
 template <typename T>
-int mma_ctas_per_sm_impl(int k, int mb, int tw) {
-    if (mb != 1 && mb != 2 && mb != 4) return 0;
-    if (tw != 1 && tw != 2) return 0;
+int mma_ctas_per_sm_impl(int k, int mb, int tw, int variant) {
     const void* f = nullptr;
     int smem = 0;
-#define KBIT_MMA_PTR(KK, MM, TT) \
-    (f = mma_kernel_ptr<T, KK, MM, TT>(), smem = MmaCfg<KK, MM, TT>::kBytes, 0)
+#define KBIT_MMA_PTR(KK, MM, TT, VV) \
+    (f = mma_kernel_ptr<T, KK, MM, TT, VV>(), smem = MmaCfg<KK, MM, TT, VV>::kBytes, 0)
     [&]() -> int { KBIT_MMA_DISPATCH(KBIT_MMA_PTR) return 0; }();
 #undef KBIT_MMA_PTR
     if (f == nullptr) return 0;
@@ -466,31 +686,40 @@ int mma_ctas_per_sm_impl(int k, int mb, int tw) {
 
 }  // namespace
 
-// Resident CTAs per SM of the MMA kernel for (k, mb, tw), for sizing a one-wave grid; 0 on error.
-template <typename T>
-int mma_ctas_per_sm(int k, int mb, int tw) {
-    return mma_ctas_per_sm_impl<T>(k, mb, tw);
+// Quantization blocks per stage (work unit) of an MMA variant; 0 for an unknown variant.
+int mma_stage_blocks(int variant) {
+    return variant >= 0 && variant < kMmaVariants ? mma_stage_blocks_of(variant) : 0;
 }
-template int mma_ctas_per_sm<half>(int, int, int);
-template int mma_ctas_per_sm<__nv_bfloat16>(int, int, int);
+
+// Resident CTAs per SM of the MMA kernel for (k, mb, tw, variant), for sizing a one-wave grid;
+// 0 on error or where that combination is not instantiated.
+template <typename T>
+int mma_ctas_per_sm(int k, int mb, int tw, int variant) {
+    return mma_ctas_per_sm_impl<T>(k, mb, tw, variant);
+}
+template int mma_ctas_per_sm<half>(int, int, int, int);
+template int mma_ctas_per_sm<__nv_bfloat16>(int, int, int, int);
 
 // mb: x rows per row tile / 16 (1, 2, 4); tw: 128-feature layout tiles per row tile (1, 2);
-// ctas: grid size, 1..units where units = ceil(M / 16mb) * ceil(n_tiles / tw) * ceil(nb / 2).
+// variant: 0 (default) or 1..4 (mb 2 / 4, tw 2 only; see MmaVar), bk = mma_stage_blocks(variant);
+// ctas: grid size, 1..units where units = ceil(M / 16mb) * ceil(n_tiles / tw) * ceil(nb / bk).
 // counters: ceil(M / 16mb) * ceil(n_tiles / tw) int32, zero on entry, left zero. ws: det == 0, a
-// zeroed fp32 accumulator of units / ceil(nb / 2) row tiles of 16mb x 128tw floats (left zero);
+// zeroed fp32 accumulator of units / ceil(nb / bk) row tiles of 16mb x 128tw floats (left zero);
 // det != 0, 2 * ctas such row tiles (any contents).
 template <typename T>
 int launch_mma(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int k, int M,
-               int N, int nb, void* y, int mb, int tw, int ctas, int det, float* ws, int* counters, cudaStream_t s) {
+               int N, int nb, void* y, int mb, int tw, int variant, int ctas, int det, float* ws, int* counters,
+               cudaStream_t s) {
     if (M == 0 || N <= 0) return 0;
+    const int bk = mma_stage_blocks(variant);
     if (nb <= 0 || M < 0 || ctas < 1 || ws == nullptr || counters == nullptr || (tw != 1 && tw != 2) ||
-        (mb != 1 && mb != 2 && mb != 4))
+        (mb != 1 && mb != 2 && mb != 4) || bk == 0)
         return static_cast<int>(cudaErrorInvalidValue);
     const long long n_rt = ((N + kTileN - 1) / kTileN + tw - 1) / tw;
-    const long long units = (M + 16LL * mb - 1) / (16LL * mb) * n_rt * ((nb + kMmaBK - 1) / kMmaBK);
+    const long long units = (M + 16LL * mb - 1) / (16LL * mb) * n_rt * ((nb + bk - 1) / bk);
     if (ctas > units || units > (1LL << 30)) return static_cast<int>(cudaErrorInvalidValue);
-#define KBIT_MMA_LAUNCH(KK, MM, TT) \
-    launch_mma_kmt<T, KK, MM, TT>(x, pt, at, cb, bias, M, N, nb, y, ctas, det, ws, counters, s)
+#define KBIT_MMA_LAUNCH(KK, MM, TT, VV) \
+    launch_mma_kmt<T, KK, MM, TT, VV>(x, pt, at, cb, bias, M, N, nb, y, ctas, det, ws, counters, s)
     KBIT_MMA_DISPATCH(KBIT_MMA_LAUNCH)
 #undef KBIT_MMA_LAUNCH
     return static_cast<int>(cudaErrorInvalidValue);
@@ -499,8 +728,8 @@ int launch_mma(const void* x, const void* pt, const uint8_t* at, const float* cb
 #undef KBIT_MMA_DISPATCH
 
 template int launch_mma<half>(const void*, const void*, const uint8_t*, const float*, const void*, int, int, int, int,
-                              void*, int, int, int, int, float*, int*, cudaStream_t);
+                              void*, int, int, int, int, int, float*, int*, cudaStream_t);
 template int launch_mma<__nv_bfloat16>(const void*, const void*, const uint8_t*, const float*, const void*, int, int,
-                                       int, int, void*, int, int, int, int, float*, int*, cudaStream_t);
+                                       int, int, void*, int, int, int, int, int, float*, int*, cudaStream_t);
 
 }  // namespace kbit

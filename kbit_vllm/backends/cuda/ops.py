@@ -93,27 +93,55 @@ def kbit_unrepack(packed_tiled: torch.Tensor, absmax_tiled: torch.Tensor, k: int
 
 MMA_MB = (1, 2, 4)  # x rows per row tile / 16 (csrc/kbit_mma.cu instantiations)
 MMA_TW = {1: 2, 2: 2, 4: 2}  # mb -> 128-feature layout tiles per row tile (1 or 2)
-_MMA_OCC: dict[tuple[int, int, int, int, str], int] = {}
+# Forced paths -> kernel variants of csrc/kbit_mma.cu (MmaVar), instantiated for mb 2 / 4 and
+# tw 2 only, timed beside the default (variant 0) by bench_kbit.py --mma-variants; kbit_linear
+# never picks them. All keep partial row tiles in accumulator-fragment order (no accumulator
+# moves in the main loop). v1: 1 CTA/SM (255 registers), 6 stages, per-thread load pointers; v2:
+# v1 with 4 blocks per stage and 4 stages; v3: the default otherwise; v4: per-thread load
+# pointers at the default 2 CTAs/SM and 4 stages.
+MMA_VARIANTS = {"mma_v1": 1, "mma_v2": 2, "mma_v3": 3, "mma_v4": 4}
+_MMA_OCC: dict[tuple[int, int, int, int, str, int], int] = {}
+_MMA_BK: dict[int, int] = {0: 2}  # the default kernel: 2 blocks per stage, known without a library call
+
+
+def mma_stage_blocks(variant: int) -> int:
+    """Quantization blocks per stream-K work unit of an MMA kernel variant (from the library)."""
+    if variant not in _MMA_BK:
+        bk = int(LIB.kbit_vllm_mma_stage_blocks(_i(variant)))
+        if bk <= 0:
+            raise ValueError(f"unknown kbit MMA variant {variant}")
+        _MMA_BK[variant] = bk
+    return _MMA_BK[variant]
 
 
 def mma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int,
-               tw: int | None = None) -> tuple[int, int, int, int]:
+               tw: int | None = None, variant: int = 0) -> tuple[int, int, int, int]:
     """(mb, tw, ctas, units) of the stream-K MMA: the smallest row tile that holds all M rows (up
     to 64; more rows take several row tiles, each decoding the weights again), and one wave of
-    CTAs (resident per SM x SMs), never more than the (row tile, 2-block stage) units.
+    CTAs (resident per SM x SMs), never more than the (row tile, stage) units (a stage is 2
+    quantization blocks, or mma_stage_blocks(variant)).
 
     tw = 2 halves the x fragments each warp reads from shared memory per weight (8 warps all read
-    the whole x tile) at the cost of 2x the B registers; it is the default until measured."""
+    the whole x tile) at the cost of 2x the B registers; it is the default until measured.
+    variant != 0 (forced paths only) has mb 2 or 4 and tw 2."""
     mb = next((b for b in MMA_MB if m <= 16 * b), MMA_MB[-1])
     tw = tw or MMA_TW[mb]
-    key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, mb, tw, sfx)
+    if variant:
+        mb, tw = max(mb, 2), 2
+    key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, mb, tw, sfx, variant)
     if key not in _MMA_OCC:
-        _MMA_OCC[key] = int(getattr(LIB, f"kbit_vllm_mma_ctas_per_sm_{sfx}")(_i(k), _i(mb), _i(tw)))
+        if variant:
+            occ = getattr(LIB, f"kbit_vllm_mma_variant_ctas_per_sm_{sfx}")(_i(k), _i(mb), _i(tw), _i(variant))
+        else:
+            occ = getattr(LIB, f"kbit_vllm_mma_ctas_per_sm_{sfx}")(_i(k), _i(mb), _i(tw))
+        _MMA_OCC[key] = int(occ)
     occ = _MMA_OCC[key]
     if occ <= 0:
-        raise RuntimeError(f"kbit MMA kernel (k={k}, mb={mb}, tw={tw}) cannot be resident on this GPU")
+        raise RuntimeError(f"kbit MMA kernel (k={k}, mb={mb}, tw={tw}, variant={variant}) cannot be resident "
+                           "on this GPU")
+    bk = mma_stage_blocks(variant)
     n_rt = -(-((n + 127) // 128) // tw)
-    units = -(-m // (16 * mb)) * n_rt * ((nb + 1) // 2)
+    units = -(-m // (16 * mb)) * n_rt * -(-nb // bk)
     return mb, tw, min(occ * _sms(dev), units), units
 
 
@@ -160,7 +188,8 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
     "gemv" is the stream-K table GEMV for k <= 4 where the layer has enough units (outside
     deterministic mode), else the cluster GEMV; "gemv_sk" and "gemv_cluster" name one of them.
     "mma" is the stream-K tensor-core kernel with its default row-tile width; "mma_tw1" and
-    "mma_tw2" force 128 or 256 features per row tile.
+    "mma_tw2" force 128 or 256 features per row tile; "mma_v1".. run an alternative kernel
+    variant (MMA_VARIANTS) to time beside the default.
     """
     m, in_f = x2.shape
     nb = in_f // 32
@@ -196,17 +225,25 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
             _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(bias), _i(k), _i(m),
             _i(out_features), _i(nb), _ptr(y), _i(rgpc), _i(wk), _i(splits), stream), "kbit_linear (gemv)")
         return y
-    if path not in ("mma", "mma_tw1", "mma_tw2"):
+    if path not in ("mma", "mma_tw1", "mma_tw2", *MMA_VARIANTS):
         raise ValueError(f"unknown kbit_linear path {path!r}")
-    mb, tw, ctas, units = mma_config(dev, sfx, k, m, out_features, nb, None if path == "mma" else int(path[-1]))
+    variant = MMA_VARIANTS.get(path, 0)
+    forced_tw = None if path == "mma" or variant else int(path[-1])
+    mb, tw, ctas, units = mma_config(dev, sfx, k, m, out_features, nb, forced_tw, variant)
     det = dispatch.deterministic()
-    row_tiles = units // ((nb + 1) // 2)
+    row_tiles = units // -(-nb // mma_stage_blocks(variant))
     tile_floats = 16 * mb * 128 * tw
     # Partial row tiles: a zeroed accumulator per row tile (left zeroed), or in deterministic
     # mode a slot per (CTA, head / tail segment) that the last CTA sums in CTA order.
     ws = (scratch(dev, "partials", 2 * ctas * tile_floats) if det
           else scratch(dev, "accum", row_tiles * tile_floats))
     ctr = scratch(dev, "counters", row_tiles)
+    if variant:
+        check(getattr(LIB, f"kbit_vllm_mma_variant_{sfx}")(
+            _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(bias), _i(k), _i(m),
+            _i(out_features), _i(nb), _ptr(y), _i(mb), _i(tw), _i(variant), _i(ctas), _i(int(det)), _ptr(ws),
+            _ptr(ctr), stream), f"kbit_linear ({path})")
+        return y
     check(getattr(LIB, f"kbit_vllm_mma_{sfx}")(
         _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(bias), _i(k), _i(m),
         _i(out_features), _i(nb), _ptr(y), _i(mb), _i(tw), _i(ctas), _i(int(det)), _ptr(ws), _ptr(ctr), stream),
