@@ -38,39 +38,46 @@ constexpr int kMmaWarps = kMmaThreads / 32;
 // __launch_bounds__ minimum (2: 128-register cap, 1: 255); kFastLoad: each thread keeps its
 // stage-load source pointers and zero-fill flags per row tile and advances the pointers by
 // constant strides (the generic load recomputes every address: ~1/3 of the loop's instructions
-// at M = 64). Every variant but 0 also keeps partial row tiles in accumulator-fragment order
-// (kFragWs below), which removes ~2 register moves per HMMA from the main loop.
+// at M = 64); kScaleLut (k <= 4): each block scale pair comes from a 256-entry table of
+// pack2(decode(absmax byte)) in shared memory (one byte permute and one load instead of ~6
+// instructions per n8 sub-tile and block); kWideLut (k <= 4): the pair table with 256-byte rows
+// (kbit_sk.cuh, 64 KB: no second CTA per SM fits), whose entry offset is one byte permute of the
+// group word rotated once per sub-tile, instead of a rotate and a mask per B register. Every
+// variant but 0 also keeps partial row tiles in accumulator-fragment order (kFragWs below),
+// which removes ~2 register moves per HMMA from the main loop.
 //   v0: 2 blocks, 4 stages, 2 CTAs/SM, generic loads (default).
-//   v1: 2 blocks, 6 stages, 1 CTA/SM (255 registers), fast loads.
-//   v2: 4 blocks, 4 stages, 1 CTA/SM, fast loads (half the barriers and load steps per HMMA).
+//   v1: 2 blocks, 6 stages, 1 CTA/SM (255 registers), fast loads, scale table, wide pair table.
+//   v2: 4 blocks, 4 stages, 1 CTA/SM, fast loads, scale table, wide pair table (half the
+//       barriers and load steps per HMMA).
 //   v3: v0 with fragment-order partials only (the smallest change to the default).
-//   v4: 2 blocks, 4 stages, 2 CTAs/SM, fast loads (a few pointer spills at 128 registers).
+//   v4: 2 blocks, 4 stages, 2 CTAs/SM, fast loads, scale table (some pointer spills at 128
+//       registers).
 template <int V>
 struct MmaVar;
 template <>
 struct MmaVar<0> {
     static constexpr int kBK = 2, kStages = 4, kMinBlocks = 2;
-    static constexpr bool kFastLoad = false;
+    static constexpr bool kFastLoad = false, kScaleLut = false, kWideLut = false;
 };
 template <>
 struct MmaVar<1> {
     static constexpr int kBK = 2, kStages = 6, kMinBlocks = 1;
-    static constexpr bool kFastLoad = true;
+    static constexpr bool kFastLoad = true, kScaleLut = true, kWideLut = true;
 };
 template <>
 struct MmaVar<2> {
     static constexpr int kBK = 4, kStages = 4, kMinBlocks = 1;
-    static constexpr bool kFastLoad = true;
+    static constexpr bool kFastLoad = true, kScaleLut = true, kWideLut = true;
 };
 template <>
 struct MmaVar<3> {
     static constexpr int kBK = 2, kStages = 4, kMinBlocks = 2;
-    static constexpr bool kFastLoad = false;
+    static constexpr bool kFastLoad = false, kScaleLut = false, kWideLut = false;
 };
 template <>
 struct MmaVar<4> {
     static constexpr int kBK = 2, kStages = 4, kMinBlocks = 2;
-    static constexpr bool kFastLoad = true;
+    static constexpr bool kFastLoad = true, kScaleLut = true, kWideLut = false;
 };
 constexpr int kMmaVariants = 5;
 
@@ -109,14 +116,19 @@ struct MmaCfg {
     static constexpr int kNS = 2 * TW;                    // n8 sub-tiles per warp
     static constexpr int kWarpsPerTile = kMmaWarps / TW;  // warps per layout tile
     static constexpr bool kLut = K <= 4;
-    static constexpr int kLutBytes = kLut ? kLutWords * 4 : 0;
+    static constexpr bool kScaleLut = kLut && MmaVar<V>::kScaleLut;
+    static constexpr bool kWideLut = kLut && MmaVar<V>::kWideLut;
+    static constexpr int kPairWords = kWideLut ? kWideLutWords : kLutWords;  // pair table words
+    static constexpr int kLutBytes = (kLut ? kPairWords * 4 : 0) + (kScaleLut ? 256 * 4 : 0);  // pair + scale tables
     static constexpr int kBWords = TW * kBK * K * kTileN;  // per stage: [TW][BK][K][128]
     static constexpr int kABytes = kRows * kBK * 32 * 2;   // per stage (16-bit x)
     static constexpr int kAbsBytes = TW * kBK * kTileN;    // per stage: [TW][BK][128]
     static constexpr int kStageBytes = kBWords * 4 + kABytes + kAbsBytes;
     static constexpr int kBytes = kLutBytes + kStageBytes * kStages;
     static constexpr int kMinBlocks = MmaVar<V>::kMinBlocks;
-    static_assert(kBK % 2 == 0 && kStageBytes % 16 == 0 && kNS * 8 * kWarpsPerTile == kTileN, "bad MMA tile");
+    static_assert(kBK % 2 == 0 && kStageBytes % 16 == 0 && kLutBytes % 16 == 0 && kNS * 8 * kWarpsPerTile == kTileN,
+                  "bad MMA tile");
+    static_assert(!kScaleLut || kMmaThreads == 256, "one scale table entry per thread");
 };
 
 // NS adjacent plane words / absmax bytes of one lane (NS = 2 or 4).
@@ -336,7 +348,15 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW, V>::kMinBlocks)
     // The table is built while the first stages are in flight; the loop's first barrier publishes it.
     float cbl = 0.f;
     if constexpr (S::kLut) {
-        build_pair_lut<K, T>(tbl, codebook, tid, kMmaThreads);
+        if constexpr (S::kWideLut) {
+            build_wide_lut<K, T>(tbl, codebook);
+        } else {
+            build_pair_lut<K, T>(tbl, codebook, tid, kMmaThreads);
+        }
+        if constexpr (S::kScaleLut) {  // scale pair of absmax byte tid (kMmaThreads == 256)
+            const float sc = decode_e4m4_fast(static_cast<uint32_t>(tid));
+            tbl[S::kPairWords + tid] = pack2<T>(sc, sc);
+        }
     } else {
         cbl = lane_codebook<K>(codebook, lane);
     }
@@ -414,17 +434,29 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW, V>::kMinBlocks)
                         uint32_t p[K];
 #pragma unroll
                         for (int b = 0; b < K; ++b) p[b] = Wd::at(pw[b], s);
-                        const float sc = decode_e4m4_fast((ab >> (8 * s)) & 0xFFu);
-                        gw[s] = group_word<K>(p, g);
-                        s2[s] = pack2<T>(sc, sc);
+                        if constexpr (S::kScaleLut) {
+                            gw[s] = group_word<K>(p, g);
+                            s2[s] = tbl[S::kPairWords + __byte_perm(ab, 0u, 0x4440u | s)];  // byte s of ab
+                        } else {
+                            const float sc = decode_e4m4_fast((ab >> (8 * s)) & 0xFFu);
+                            gw[s] = group_word<K>(p, g);
+                            s2[s] = pack2<T>(sc, sc);
+                        }
                     }
 #pragma unroll
                     for (int kk = 0; kk < 2; ++kk) {
                         uint32_t bf[NS][2];  // b0, b1 of k16 half kk
 #pragma unroll
                         for (int s = 0; s < NS; ++s) {
-                            const uint32_t o0 = kk == 0 ? lut_off<0>(gw[s], g, lane4) : lut_off<2>(gw[s], g, lane4);
-                            const uint32_t o1 = kk == 0 ? lut_off<1>(gw[s], g, lane4) : lut_off<3>(gw[s], g, lane4);
+                            uint32_t o0, o1;
+                            if constexpr (S::kWideLut) {  // pair bytes 2kk, 2kk + 1 of rotr(group word, g)
+                                const uint32_t v = rotr32(gw[s], g);
+                                o0 = wide_lut_off(v, 2 * kk, lane4);
+                                o1 = wide_lut_off(v, 2 * kk + 1, lane4);
+                            } else {
+                                o0 = kk == 0 ? lut_off<0>(gw[s], g, lane4) : lut_off<2>(gw[s], g, lane4);
+                                o1 = kk == 0 ? lut_off<1>(gw[s], g, lane4) : lut_off<3>(gw[s], g, lane4);
+                            }
                             bf[s][0] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + o0), s2[s]);
                             bf[s][1] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + o1), s2[s]);
                         }

@@ -96,9 +96,9 @@ MMA_TW = {1: 2, 2: 2, 4: 2}  # mb -> 128-feature layout tiles per row tile (1 or
 # Forced paths -> kernel variants of csrc/kbit_mma.cu (MmaVar), instantiated for mb 2 / 4 and
 # tw 2 only, timed beside the default (variant 0) by bench_kbit.py --mma-variants; kbit_linear
 # never picks them. All keep partial row tiles in accumulator-fragment order (no accumulator
-# moves in the main loop). v1: 1 CTA/SM (255 registers), 6 stages, per-thread load pointers; v2:
-# v1 with 4 blocks per stage and 4 stages; v3: the default otherwise; v4: per-thread load
-# pointers at the default 2 CTAs/SM and 4 stages.
+# moves in the main loop). v1: 1 CTA/SM (255 registers), 6 stages, per-thread load pointers, a
+# shared table of block scales; v2: v1 with 4 blocks per stage and 4 stages; v3: the default
+# otherwise; v4: load pointers and scale table at the default 2 CTAs/SM and 4 stages.
 MMA_VARIANTS = {"mma_v1": 1, "mma_v2": 2, "mma_v3": 3, "mma_v4": 4}
 _MMA_OCC: dict[tuple[int, int, int, int, str, int], int] = {}
 _MMA_BK: dict[int, int] = {0: 2}  # the default kernel: 2 blocks per stage, known without a library call
