@@ -196,7 +196,7 @@ def print_mma_variants(rows: list[dict]) -> None:
         return
     print("\n### MMA row-tile width and kernel variants (µs per call)\n")
     cols = " | ".join(MMA_VARIANT_PATHS)
-    print(f"| shape (in x out) | k | M | mma (default) | {cols} | dequant+cuBLAS | cuBLAS |")
+    print(f"| shape (in x out) | k | M | mma (dispatched) | {cols} | dequant+cuBLAS | cuBLAS |")
     print("|---|---|---|---|" + "---|" * len(MMA_VARIANT_PATHS) + "---|---|")
     for r in sel:
         print(f"| {r['shape']} {r['in']}x{r['out']} | {r['k']} | {r['M']} | {fmt(r.get('mma'))} | "

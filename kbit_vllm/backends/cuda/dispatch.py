@@ -47,21 +47,27 @@ def stream_k_grid(wave: int, units: int, warps_per_cta: int, min_units_per_warp:
     return wave
 
 
-# Above MMA_SMALL_LAYER_M rows, layers of at most MMA_SMALL_LAYER weights go to dequantize + cuBLAS:
-# H200 2026-11-21 session 3, k=4 M=64 µs (MMA / dequant+cuBLAS): 4096x6144 35.7 / 31.4, 4096x4096
-# 31.3 / 21.6, but 4096x28672 108 / 141 and 14336x4096 61 / 79.
-MMA_SMALL_LAYER_M = 32
-MMA_SMALL_LAYER = 32 * 1024 * 1024
+# The MMA kernel variant the "mma" path runs from MMA_VARIANT_MIN_M rows (csrc/kbit_mma.cu MmaVar;
+# smaller M keeps the default 16-row tile). H200 2026-11-21 session 4, k=4 fp16, µs default / v2
+# (1 CTA per SM, 4 blocks per stage, accumulator-order partials, pointer-stepped loads, scale
+# table; v1 within 1 µs) / cuBLAS fp16: 4096x28672 M=16 54.5 / 50.1 / 62.5, M=32 70.7 / 51.4 /
+# 63.5, M=64 106.2 / 72.3 / 65.4; 14336x4096 M=64 60.7 / 40.6 / 40.0; 4096x6144 M=64 40.2 / 24.4
+# (dequant + cuBLAS 31.9, so small layers no longer leave the MMA above M = 32).
+MMA_VARIANT = 2
+MMA_VARIANT_MIN_M = 16
 
 
-def choose_path(m: int, capability: tuple[int, int], weights: int | None = None) -> str:
-    """'gemv', 'mma' or 'dequant' for an activation with m rows (weights: in x out of the layer)."""
+def choose_path(m: int, capability: tuple[int, int]) -> str:
+    """'gemv', 'mma' or 'dequant' for an activation with m rows."""
     gemv_max, mma_max = thresholds(capability)
     if m <= min(gemv_max, GEMV_MAX_M):
         return "gemv"
-    if m <= mma_max and not (m > MMA_SMALL_LAYER_M and weights is not None and weights <= MMA_SMALL_LAYER):
-        return "mma"
-    return "dequant"
+    return "mma" if m <= mma_max else "dequant"
+
+
+def mma_variant(m: int) -> int:
+    """Kernel variant of the "mma" path for m rows (0: the default kernel)."""
+    return MMA_VARIANT if m >= MMA_VARIANT_MIN_M else 0
 
 
 # --- MoE grouped ops (kbit_grouped_linear) ----------------------------------------------------

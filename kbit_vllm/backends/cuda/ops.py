@@ -94,11 +94,12 @@ def kbit_unrepack(packed_tiled: torch.Tensor, absmax_tiled: torch.Tensor, k: int
 MMA_MB = (1, 2, 4)  # x rows per row tile / 16 (csrc/kbit_mma.cu instantiations)
 MMA_TW = {1: 2, 2: 2, 4: 2}  # mb -> 128-feature layout tiles per row tile (1 or 2)
 # Forced paths -> kernel variants of csrc/kbit_mma.cu (MmaVar), instantiated for mb 2 / 4 and
-# tw 2 only, timed beside the default (variant 0) by bench_kbit.py --mma-variants; kbit_linear
-# never picks them. All keep partial row tiles in accumulator-fragment order (no accumulator
-# moves in the main loop). v1: 1 CTA/SM (255 registers), 6 stages, per-thread load pointers, a
-# shared table of block scales; v2: v1 with 4 blocks per stage and 4 stages; v3: the default
-# otherwise; v4: load pointers and scale table at the default 2 CTAs/SM and 4 stages.
+# tw 2 only, timed beside the default (variant 0) by bench_kbit.py --mma-variants; the "mma" path
+# runs dispatch.mma_variant(m) (v2 from 16 rows, measured fastest). All keep partial row tiles in
+# accumulator-fragment order (no accumulator moves in the main loop). v1: 1 CTA/SM (255
+# registers), 6 stages, per-thread load pointers, a shared table of block scales; v2: v1 with 4
+# blocks per stage and 4 stages; v3: the default otherwise; v4: load pointers and scale table at
+# the default 2 CTAs/SM and 4 stages.
 MMA_VARIANTS = {"mma_v1": 1, "mma_v2": 2, "mma_v3": 3, "mma_v4": 4}
 _MMA_OCC: dict[tuple[int, int, int, int, str, int], int] = {}
 _MMA_BK: dict[int, int] = {0: 2}  # the default kernel: 2 blocks per stage, known without a library call
@@ -187,9 +188,9 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
     Public so tests and benchmarks can exercise every path; kbit_linear picks the path itself.
     "gemv" is the stream-K table GEMV for k <= 4 where the layer has enough units (outside
     deterministic mode), else the cluster GEMV; "gemv_sk" and "gemv_cluster" name one of them.
-    "mma" is the stream-K tensor-core kernel with its default row-tile width; "mma_tw1" and
-    "mma_tw2" force 128 or 256 features per row tile; "mma_v1".. run an alternative kernel
-    variant (MMA_VARIANTS) to time beside the default.
+    "mma" is the stream-K tensor-core kernel (dispatch.mma_variant(m)) with its default row-tile
+    width; "mma_tw1" and "mma_tw2" force the default kernel at 128 or 256 features per row tile;
+    "mma_v1".. force a kernel variant (MMA_VARIANTS).
     """
     m, in_f = x2.shape
     nb = in_f // 32
@@ -227,7 +228,7 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
         return y
     if path not in ("mma", "mma_tw1", "mma_tw2", *MMA_VARIANTS):
         raise ValueError(f"unknown kbit_linear path {path!r}")
-    variant = MMA_VARIANTS.get(path, 0)
+    variant = dispatch.mma_variant(m) if path == "mma" else MMA_VARIANTS.get(path, 0)
     forced_tw = None if path == "mma" or variant else int(path[-1])
     mb, tw, ctas, units = mma_config(dev, sfx, k, m, out_features, nb, forced_tw, variant)
     det = dispatch.deterministic()
@@ -261,7 +262,7 @@ def kbit_linear(x: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch
     if not x2.is_contiguous() or x2.data_ptr() % 16:
         x2 = x2.contiguous() if not x2.is_contiguous() else x2.clone()
     dev = x.device
-    path = dispatch.choose_path(x2.shape[0], torch.cuda.get_device_capability(dev), x2.shape[1] * out_features)
+    path = dispatch.choose_path(x2.shape[0], torch.cuda.get_device_capability(dev))
     with torch.cuda.device(dev):
         y = linear_path(x2, packed_tiled.contiguous(), absmax_tiled.contiguous(), codebook.contiguous(),
                         None if bias is None else bias.contiguous(), k, out_features, path)
