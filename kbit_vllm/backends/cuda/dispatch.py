@@ -51,18 +51,25 @@ def stream_k_grid(wave: int, units: int, warps_per_cta: int, min_units_per_warp:
 # smaller M keeps the default 16-row tile). H200 2026-11-21 session 4, k=4 fp16, µs default / v2
 # (1 CTA per SM, 4 blocks per stage, accumulator-order partials, pointer-stepped loads, scale
 # table; v1 within 1 µs) / cuBLAS fp16: 4096x28672 M=16 54.5 / 50.1 / 62.5, M=32 70.7 / 51.4 /
-# 63.5, M=64 106.2 / 72.3 / 65.4; 14336x4096 M=64 60.7 / 40.6 / 40.0; 4096x6144 M=64 40.2 / 24.4
-# (dequant + cuBLAS 31.9, so small layers no longer leave the MMA above M = 32).
+# 63.5, M=64 106.2 / 72.3 / 65.4; 14336x4096 M=64 60.7 / 40.6 / 40.0 (bf16 the same within 1 µs).
 MMA_VARIANT = 2
 MMA_VARIANT_MIN_M = 16
 
+# Above MMA_SMALL_LAYER_M rows, layers of at most MMA_SMALL_LAYER weights go to dequantize + cuBLAS.
+# Same run, M=64, v2 / dequant + cuBLAS: 2048x5120 17.7 / 14.5, 2048x4096 17.6 / 13.3, 2048x512
+# 10.5 / 8.1, 4096x2048 15.3 / 15.9, but 4096x6144 (25 M weights) 24.4 / 31.9; at M=32 the MMA wins
+# or ties on all of them.
+MMA_SMALL_LAYER_M = 32
+MMA_SMALL_LAYER = 12 * 1024 * 1024
 
-def choose_path(m: int, capability: tuple[int, int]) -> str:
-    """'gemv', 'mma' or 'dequant' for an activation with m rows."""
+
+def choose_path(m: int, capability: tuple[int, int], weights: int | None = None) -> str:
+    """'gemv', 'mma' or 'dequant' for an activation with m rows (weights: in x out of the layer)."""
     gemv_max, mma_max = thresholds(capability)
     if m <= min(gemv_max, GEMV_MAX_M):
         return "gemv"
-    return "mma" if m <= mma_max else "dequant"
+    small = weights is not None and weights <= MMA_SMALL_LAYER
+    return "mma" if m <= mma_max and not (m > MMA_SMALL_LAYER_M and small) else "dequant"
 
 
 def mma_variant(m: int) -> int:

@@ -262,7 +262,7 @@ def kbit_linear(x: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch
     if not x2.is_contiguous() or x2.data_ptr() % 16:
         x2 = x2.contiguous() if not x2.is_contiguous() else x2.clone()
     dev = x.device
-    path = dispatch.choose_path(x2.shape[0], torch.cuda.get_device_capability(dev))
+    path = dispatch.choose_path(x2.shape[0], torch.cuda.get_device_capability(dev), x2.shape[1] * out_features)
     with torch.cuda.device(dev):
         y = linear_path(x2, packed_tiled.contiguous(), absmax_tiled.contiguous(), codebook.contiguous(),
                         None if bias is None else bias.contiguous(), k, out_features, path)
