@@ -48,12 +48,13 @@ def stream_k_grid(wave: int, units: int, warps_per_cta: int, min_units_per_warp:
 
 
 # The MMA kernel variant the "mma" path runs from MMA_VARIANT_MIN_M rows (csrc/kbit_mma.cu MmaVar;
-# smaller M keeps the default 16-row tile). H200 2026-11-21 session 4, k=4 fp16, µs default / v2
+# its 32-row tile wins even at M=5: 4096x28672 54.4 / 49.3, 14336x4096 29.2 / 28.7, 4096x6144
+# 17.5 / 16.8 µs default / v2). H200 2026-11-21 session 4, k=4 fp16, µs default / v2
 # (1 CTA per SM, 4 blocks per stage, accumulator-order partials, pointer-stepped loads, scale
 # table; v1 within 1 µs) / cuBLAS fp16: 4096x28672 M=16 54.5 / 50.1 / 62.5, M=32 70.7 / 51.4 /
 # 63.5, M=64 106.2 / 72.3 / 65.4; 14336x4096 M=64 60.7 / 40.6 / 40.0 (bf16 the same within 1 µs).
 MMA_VARIANT = 2
-MMA_VARIANT_MIN_M = 16
+MMA_VARIANT_MIN_M = 1
 
 # Above MMA_SMALL_LAYER_M rows, layers of at most MMA_SMALL_LAYER weights go to dequantize + cuBLAS.
 # Same run, M=64, v2 / dequant + cuBLAS: 2048x5120 17.7 / 14.5, 2048x4096 17.6 / 13.3, 2048x512
