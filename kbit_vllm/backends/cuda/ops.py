@@ -124,7 +124,7 @@ def mma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int,
 
     tw = 2 halves the x fragments each warp reads from shared memory per weight (8 warps all read
     the whole x tile) at the cost of 2x the B registers; it is the default until measured.
-    variant != 0 (forced paths only) has mb 2 or 4 and tw 2."""
+    variant != 0 (the dispatched "mma" path and the mma_v* forced paths) has mb 2 or 4 and tw 2."""
     mb = next((b for b in MMA_MB if m <= 16 * b), MMA_MB[-1])
     tw = tw or MMA_TW[mb]
     if variant:
@@ -392,8 +392,6 @@ def _grouped_dequant_mm(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_til
                         y: torch.Tensor) -> torch.Tensor:
     """Prefill-sized grouped linear (bf16): every expert dequantized in one launch (the stacked
     tiled weights are one tiled matrix of E * n_tiles tiles), then torch's grouped GEMM."""
-    if x2.dtype != torch.bfloat16:
-        raise ValueError(f"kbit_grouped_linear dequant path takes bf16 activations, got {x2.dtype}")
     n_exp, nt = packed_tiled.shape[0], packed_tiled.shape[1]
     in_f = x2.shape[1]
     w = torch.empty((n_exp * nt * 128, in_f), dtype=x2.dtype, device=x2.device)
