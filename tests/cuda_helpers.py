@@ -12,3 +12,10 @@ def cuda_kernels_ok() -> tuple[bool, str]:
     if not torch.cuda.is_available():
         return False, "no CUDA GPU"
     return library.device_supported(torch.cuda.current_device())
+
+
+def poison_allocator(nbytes: int) -> None:
+    """Leave freed cached blocks of at least nbytes full of 0xFF bytes, so outputs that torch.empty
+    hands out next start as NaN (fp16, bf16, fp32) or -1 (integers): an element a kernel never
+    writes shows up."""
+    torch.empty(nbytes + 2048, dtype=torch.uint8, device="cuda").fill_(0xFF)

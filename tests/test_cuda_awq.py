@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cuda_helpers import poison_allocator
 
 import kbit_vllm
 from kbit_vllm import ops
@@ -21,11 +22,6 @@ DTYPES = (torch.float16, torch.bfloat16)
 # (fp16 2^-11, bf16 2^-8 relative) and summed in fp32; scales/biases rounded once more.
 TOL = {torch.float16: 5e-3, torch.bfloat16: 3e-2}
 M_VALUES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 64, 100, 1000)
-
-
-def _poison_allocator(nbytes: int) -> None:
-    """Fill freed allocator blocks with NaN so an output the kernel forgets to write shows up."""
-    torch.full((nbytes // 2 + 1024,), float("nan"), dtype=torch.float16, device="cuda")
 
 
 def _w64(qw, qz, s, gs):
@@ -49,7 +45,7 @@ def test_awq_linear_matches_reference(dtype: torch.dtype, gs: int, in_f: int) ->
     bias = torch.randn(out_f, device="cuda", dtype=dtype)
     for m in M_VALUES:
         x = torch.randn(m, in_f, device="cuda", dtype=dtype)
-        _poison_allocator(max(m, out_f) * max(in_f, out_f) * 2)
+        poison_allocator(max(m, out_f) * max(in_f, out_f) * 2)
         y = ops.awq_linear(x, wq, sz, bias if m % 2 else None, gs, out_f)
         ref = x.double() @ ref_w.t() + (bias.double() if m % 2 else 0)
         assert torch.isfinite(y).all(), f"M={m}: unwritten output"
@@ -122,7 +118,7 @@ def test_gemv_sk_matches_reference(dtype: torch.dtype, gs: int, in_f: int, out_f
         x = torch.randn(m, in_f, device="cuda", dtype=dtype)
         for b in (bias, None):
             for path in ("gemv_sk", "gemv_warp", "gemv"):
-                _poison_allocator(m * out_f * 2)
+                poison_allocator(m * out_f * 2)
                 y = awq_ops.linear_path(x, wq, sz, b, gs, out_f, path)
                 _check(y, x, w64, b, dtype, f"{path} M={m} bias={b is not None}")
 
@@ -156,7 +152,7 @@ def test_gemv_auto_path_takes_stream_k(big_layer, monkeypatch) -> None:
     for m in (1, 2, 3, 4):
         assert m == 1 or awq_ops.gemv_sk_ctas(torch.device("cuda"), _SFX[dtype], m, in_f, out_f) > 0
         x = torch.randn(m, in_f, device="cuda", dtype=dtype)
-        _poison_allocator(m * out_f * 2)
+        poison_allocator(m * out_f * 2)
         _check(ops.awq_linear(x, wq, sz, bias, 128, out_f), x, w64, bias, dtype, f"op M={m}")
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cuda_helpers import cuda_kernels_ok
+from cuda_helpers import cuda_kernels_ok, poison_allocator
 
 from kbit_vllm import ops
 from kbit_vllm.backends import reference as ref
@@ -125,11 +125,6 @@ MMA_VARIANT_SHAPES = ((4000, 1001), (96, 777), (32, 4101), (1312, 2053))
 MMA_VARIANT_MS = (17, 33, 64, 100)
 
 
-def _poison_allocator(nbytes: int) -> None:
-    """Fill freed allocator blocks with NaN so an output the kernel forgets to write shows up."""
-    torch.full((nbytes // 2 + 1024,), float("nan"), dtype=torch.float16, device=DEV)
-
-
 @pytest.mark.parametrize("k", KS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("in_f,out_f", MMA_VARIANT_SHAPES)
@@ -144,7 +139,7 @@ def test_mma_variants_match_reference(k, dtype, in_f, out_f):
         x = torch.randn(m, in_f, device=DEV, dtype=dtype)
         b = bias if m % 2 else None
         for path in ("mma", *cuda_ops.MMA_VARIANTS):
-            _poison_allocator(m * out_f * 2)
+            poison_allocator(m * out_f * 2)
             y = cuda_ops.linear_path(x, pt, at, cb, b, k, out_f, path)
             _check_linear(y, x, w64, b, dtype)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from cuda_helpers import cuda_kernels_ok
+from cuda_helpers import cuda_kernels_ok, poison_allocator
 
 from kbit_vllm import normal_float_codebook, ops
 from kbit_vllm.backends import reference as ref
@@ -25,13 +25,6 @@ pytestmark = pytest.mark.skipif(not _OK, reason=f"CUDA MoE glue kernels unavaila
 
 DEV = "cuda"
 ULP = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
-
-
-def _poison_allocator() -> None:
-    """Freed cached blocks full of 0xFF: later torch.empty outputs start as NaN / -1."""
-    blk = torch.empty(64 << 20, dtype=torch.uint8, device=DEV)
-    blk.fill_(0xFF)
-    del blk
 
 
 def _routing(tokens: int, n_exp: int, top_k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,7 +47,7 @@ def test_route_equals_reference(tokens, n_exp, top_k, gen):
     emap[torch.randperm(n_global, generator=gen)[:n_exp]] = torch.randperm(n_exp, generator=gen).to(torch.int32)
     cases.append((ids, w, emap.to(DEV)))  # expert parallel: half the global experts are foreign
     for i, (c_ids, c_w, c_map) in enumerate(cases):
-        _poison_allocator()
+        poison_allocator(64 << 20)
         got = ops.moe_route(c_ids, c_w, n_exp, c_map)
         want = ref.moe_route(c_ids, c_w, n_exp, c_map)
         for name, g, r in zip(("src_row", "slot", "offsets", "weights"), got, want, strict=True):
@@ -91,7 +84,7 @@ def _within_ulp(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
 def test_gated_act_equals_reference(rows, inter, dtype, gen):
     gu = (torch.randn(rows, 2 * inter, generator=gen) * 3).to(dtype).to(DEV)
     for act in ("silu", "gelu", "gelu_tanh"):
-        _poison_allocator()
+        poison_allocator(64 << 20)
         _within_ulp(ops.moe_gated_act(gu, act), ref.moe_gated_act(gu, act), f"{act} rows={rows} inter={inter}")
     # a strided view (the CUDA op reads a contiguous copy)
     view = torch.randn(rows, 4 * inter, generator=gen).to(dtype).to(DEV)[:, ::2]
@@ -105,7 +98,7 @@ def test_combine_equals_reference(tokens, top_k, hidden, dtype, gen):
     down = torch.randn(n, hidden, generator=gen).to(dtype).to(DEV)
     slot = torch.randperm(n, generator=gen).to(torch.int32).to(DEV)
     w = torch.rand(n, generator=gen).to(DEV)
-    _poison_allocator()
+    poison_allocator(64 << 20)
     _within_ulp(ops.moe_combine(down, slot, w, top_k), ref.moe_combine(down, slot, w, top_k),
                 f"tokens={tokens} top_k={top_k} hidden={hidden}")
 
