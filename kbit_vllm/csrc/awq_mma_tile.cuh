@@ -47,9 +47,13 @@ __device__ __forceinline__ void mma_tile(const T* __restrict__ x, const int32_t*
     const int4* wrow = reinterpret_cast<const int4*>(wq + static_cast<size_t>(c_ok ? c_global : 0) * in);
 
     auto load_a = [&](int stage, int kt) {
+        // Chunk i = tid + j * kThreads (tid < kThreads): a fixed trip count, fully unrolled (a loop
+        // from tid compiled to a generic loop with a remainder and per-copy address arithmetic).
         constexpr int chunks = BM * kBK / 8;  // 16-byte chunks
 #pragma unroll
-        for (int i = tid; i < chunks; i += kThreads) {
+        for (int j = 0; j < (chunks + kThreads - 1) / kThreads; ++j) {
+            const int i = tid + j * kThreads;
+            if (chunks % kThreads != 0 && i >= chunks) break;
             const int r = i / (kBK / 8), ch = i % (kBK / 8);
             const bool ok = m0 + r < M;
             const T* src = x + static_cast<size_t>(ok ? m0 + r : 0) * in + kt * kBK + ch * 8;
@@ -60,15 +64,21 @@ __device__ __forceinline__ void mma_tile(const T* __restrict__ x, const int32_t*
     auto load_w = [&](int kt) -> int4 {
         return c_ok ? __ldg(wrow + (kt * kBK + k_local) / 4) : make_int4(0, 0, 0, 0);
     };
-    auto store_w = [&](int stage, int kt, const int4& wv) {
+    // This thread's scale pairs for input k = kt * kBK + k_local, stepped along with the k-tiles
+    // store_w visits in order (kt_begin, kt_begin + 1, ...): k / group is kept as a group
+    // pointer and a remainder instead of a 32-bit division per k-tile (~25 instructions).
+    const int k_first = kt_begin * kBK + k_local;
+    const T* szp = sz + pair_scale_offset(k_first, group, out, c_ok ? c_global : 0);
+    int sz_rem = k_first % group;
+    auto store_w = [&](int stage, const int4& wv) {
         if (c_ok) {
-            dequant_to_smem<T>(wv, sz + pair_scale_offset(kt * kBK + k_local, group, out, c_global), w_s[stage],
-                               c_local, k_local);
+            dequant_to_smem<T>(wv, szp, w_s[stage], c_local, k_local);
         } else {
             const uint2 z = make_uint2(0, 0);
 #pragma unroll
             for (int o = 0; o < 8; ++o) *reinterpret_cast<uint2*>(w_s[stage] + (c_local * 8 + o) * kLd + k_local) = z;
         }
+        for (sz_rem += kBK; sz_rem >= group; sz_rem -= group) szp += static_cast<size_t>(out) * 2;
     };
 
     float acc[MT][4][4];
@@ -81,7 +91,7 @@ __device__ __forceinline__ void mma_tile(const T* __restrict__ x, const int32_t*
 
     if (kt_begin < kt_end) {
         load_a(0, kt_begin);
-        store_w(0, kt_begin, load_w(kt_begin));
+        store_w(0, load_w(kt_begin));
     }
     for (int kt = kt_begin; kt < kt_end; ++kt) {
         const int stage = (kt - kt_begin) & 1;
@@ -111,7 +121,7 @@ __device__ __forceinline__ void mma_tile(const T* __restrict__ x, const int32_t*
                 }
             }
         }
-        if (more) store_w(stage ^ 1, kt + 1, next_w);
+        if (more) store_w(stage ^ 1, next_w);  // k-tile kt + 1
     }
 
     // Epilogue: accumulator (i, j, e) -> row m0 + 16i + lane/4 (+8 for e >= 2),

@@ -110,21 +110,32 @@ __global__ void __launch_bounds__(kGmThreads, GmmaCfg<K, BM>::kMinCtas) grouped_
         unsigned char* base = stages + slot * S::kStageBytes;
         const int j0 = st * kGmBK;
         const int jn = min(kGmBK, nb - j0);  // valid blocks in this stage
+        // Chunk c = tid + i * kGmThreads of each part (tid < kGmThreads): fixed trip counts, fully
+        // unrolled (a loop from tid compiled to a generic 4x-unrolled loop with a remainder, whose
+        // per-copy address arithmetic was ~40% of the main loop's issued instructions).
         constexpr int kBChunks = S::kBWords / 4;
-        for (int c = tid; c < kBChunks; c += kGmThreads) {
+#pragma unroll
+        for (int i = 0; i < (kBChunks + kGmThreads - 1) / kGmThreads; ++i) {
+            const int c = tid + i * kGmThreads;
+            if (kBChunks % kGmThreads != 0 && c >= kBChunks) break;
             const bool ok = c * 4 < jn * K * kTileN;
             cp_async16(base + c * 16, Pt + static_cast<size_t>(j0) * K * kTileN + (ok ? c * 4 : 0), ok);
         }
         constexpr int kAbsChunks = S::kAbsBytes / 16;
+        static_assert(kAbsChunks <= kGmThreads, "one absmax chunk per thread at most");
         unsigned char* abs_s = base + S::kBWords * 4 + S::kABytes;
-        for (int c = tid; c < kAbsChunks; c += kGmThreads) {
+        if (tid < kAbsChunks) {
+            const int c = tid;
             const bool ok = c * 16 < jn * kTileN;
             cp_async16(abs_s + c * 16, At + static_cast<size_t>(j0) * kTileN + (ok ? c * 16 : 0), ok);
         }
         // x rows m0.., 64 elements from column j0*32: 8 chunks of 16 B per row, swizzled.
         unsigned char* a_s = base + S::kBWords * 4;
         constexpr int kAChunks = BM * 8;
-        for (int c = tid; c < kAChunks; c += kGmThreads) {
+#pragma unroll
+        for (int i = 0; i < (kAChunks + kGmThreads - 1) / kGmThreads; ++i) {
+            const int c = tid + i * kGmThreads;
+            if (kAChunks % kGmThreads != 0 && c >= kAChunks) break;
             const int r = c >> 3, ch = c & 7;
             const bool ok = (m0 + r < m1) && (ch < jn * 4);
             const T* src = x + (ok ? static_cast<size_t>(m0 + r) * in_f + static_cast<size_t>(j0) * 32 + ch * 8 : 0);
