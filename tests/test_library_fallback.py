@@ -63,6 +63,7 @@ def _run(library: str, strict: bool) -> dict:
 _FAKE_SRC = r"""
 const char* kbit_vllm_archs(void) { return "sm_50"; }
 const char* kbit_vllm_error_string(int code) { (void)code; return "fake"; }
+int kbit_vllm_set_pdl(int on) { (void)on; return 1; }
 """
 
 

@@ -38,9 +38,37 @@ int mma_ctas_per_sm(int k, int mb, int tw, int variant);
 int mma_stage_blocks(int variant);
 }
 
+namespace kbit {
+
+namespace {
+int g_pdl = 1;           // kbit_vllm_set_pdl
+int g_cc_major[64] = {}; // per device ordinal, 0 = not looked up yet
+}  // namespace
+
+bool pdl_enabled() {
+    if (!g_pdl) return false;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return false;
+    if (dev >= 64) return false;
+    if (g_cc_major[dev] == 0 &&
+        cudaDeviceGetAttribute(&g_cc_major[dev], cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+        return false;
+    return g_cc_major[dev] >= 9;
+}
+
+}  // namespace kbit
+
 extern "C" {
 
 const char* kbit_vllm_archs() { return KBIT_ARCHS; }
+
+// Programmatic dependent launch for the kernels that support it (pdl.cuh): 1 on (the default,
+// used on sm_90+ only), 0 off. Returns the previous setting.
+int kbit_vllm_set_pdl(int on) {
+    const int old = kbit::g_pdl;
+    kbit::g_pdl = on != 0;
+    return old;
+}
 
 const char* kbit_vllm_error_string(int code) {
     return cudaGetErrorString(static_cast<cudaError_t>(code));

@@ -1,7 +1,9 @@
 // awq_orin GEMV / small batch (M = 1..8): each warp streams one 8-output column group of the
 // resident wq over a slice of K with 16-byte loads, dequantizes each word once (LOP3 + one
-// hfma2 per pair) and FMAs it into all M rows; lanes and warps then reduce.
+// hfma2 per pair) and FMAs it into all M rows; lanes and warps then reduce. Launched with PDL
+// (pdl.cuh): the launch overlaps the previous kernel's tail.
 #include "awq_common.cuh"
+#include "pdl.cuh"
 
 namespace awq {
 
@@ -22,6 +24,8 @@ gemv_kernel(const T* __restrict__ x, const int4* __restrict__ wq, const T* __res
 #pragma unroll
         for (int o = 0; o < 8; ++o) acc[m][o] = 0.f;
 
+    kbit::pdl_trigger();
+    kbit::pdl_wait();  // everything below reads x or writes y
     if (valid) {
         const int4* wrow = wq + static_cast<size_t>(c) * (in / 4);
         gemv_accumulate<T, M>(x, in, M - 1, wrow, sz, out, group, c, wi * 32 + lane, wpo * 32, acc);
@@ -40,12 +44,14 @@ gemv_kernel(const T* __restrict__ x, const int4* __restrict__ wq, const T* __res
 }
 
 template <typename T, int M>
-static void launch(const T* x, const int4* wq, const T* sz, const T* bias, T* y, int in, int out,
+static cudaError_t launch(const T* x, const int4* wq, const T* sz, const T* bias, T* y, int in, int out,
                    int group, int wpo, cudaStream_t stream) {
     const int groups = out / 8;
     const int per_cta = kWarps / wpo;
     const unsigned grid = static_cast<unsigned>((groups + per_cta - 1) / per_cta);
-    gemv_kernel<T, M><<<grid, kWarps * 32, 0, stream>>>(x, wq, sz, bias, y, in, out, group, wpo);
+    cudaLaunchAttribute attrs[1];
+    const cudaLaunchConfig_t cfg = kbit::pdl_config(dim3(grid), dim3(kWarps * 32), 0, stream, attrs);
+    return cudaLaunchKernelEx(&cfg, gemv_kernel<T, M>, x, wq, sz, bias, y, in, out, group, wpo);
 }
 
 template <typename T>
@@ -58,16 +64,18 @@ int gemv(const void* x, const int32_t* wq, const void* sz, const void* bias, voi
     const T* bt = static_cast<const T*>(bias);
     T* yt = static_cast<T*>(y);
     const int wpo = warps_per_group(in, out / 8);
+    cudaError_t e = cudaSuccess;
     switch (m) {
-        case 1: launch<T, 1>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
-        case 2: launch<T, 2>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
-        case 3: launch<T, 3>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
-        case 4: launch<T, 4>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
-        case 5: launch<T, 5>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
-        case 6: launch<T, 6>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
-        case 7: launch<T, 7>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
-        default: launch<T, 8>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
+        case 1: e = launch<T, 1>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
+        case 2: e = launch<T, 2>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
+        case 3: e = launch<T, 3>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
+        case 4: e = launch<T, 4>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
+        case 5: e = launch<T, 5>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
+        case 6: e = launch<T, 6>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
+        case 7: e = launch<T, 7>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
+        default: e = launch<T, 8>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
     }
+    if (e != cudaSuccess) return static_cast<int>(e);
     return static_cast<int>(cudaGetLastError());
 }
 

@@ -20,6 +20,7 @@
 // too: backends/cuda/awq_ops.py runs the warp GEMV (awq_gemv.cu, fixed order) in deterministic mode.
 #include "awq_common.cuh"
 #include "mma_ptx.cuh"
+#include "pdl.cuh"
 #include "stream_k.cuh"
 
 #include <type_traits>
@@ -156,11 +157,13 @@ gemv_sk_kernel(const T* __restrict__ x, const int4* __restrict__ wq, const T* __
             ++ic;
         }
     };
+    kbit::pdl_trigger();
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
         if (s < n) issue_next(s);
         ptx::cp_async_commit();  // one group per stage, empty or not, so the wait count below holds
     }
+    kbit::pdl_wait();  // the stages above are weights and scales only; x, y and scratch follow (pdl.cuh)
 
     int ch_first = ch;
     float acc[M][8];
@@ -244,8 +247,10 @@ int gemv_sk(const void* x, const int32_t* wq, const void* sz, const void* bias, 
     const T* bt = static_cast<const T*>(bias);
     T* yt = static_cast<T*>(y);
     void* args[] = {&xt, &w4, &st, &bt, &yt, &in, &out, &gshift, &accum, &counters};
-    const cudaError_t e =
-        cudaLaunchKernel(f, dim3(static_cast<unsigned>(ctas)), dim3(kSkThreads), args, kSkSmem, stream);
+    cudaLaunchAttribute attrs[1];
+    const cudaLaunchConfig_t cfg = kbit::pdl_config(dim3(static_cast<unsigned>(ctas)), dim3(kSkThreads), kSkSmem,
+                                                    stream, attrs);
+    const cudaError_t e = cudaLaunchKernelExC(&cfg, f, args);
     if (e != cudaSuccess) return static_cast<int>(e);
     KBIT_RETURN_LAUNCH_STATUS();
 }

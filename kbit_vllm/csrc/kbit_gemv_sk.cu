@@ -20,6 +20,7 @@
 // The order of those fp32 additions varies from run to run, so the low bits of y may too;
 // backends/cuda/dispatch.py picks the cluster GEMV (fixed order) in deterministic mode.
 #include "kbit_sk.cuh"
+#include "pdl.cuh"
 
 #include <type_traits>
 
@@ -105,10 +106,14 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
     const long long units = static_cast<long long>((N + kTileN - 1) / kTileN) * nb;
     const long long u0 = sk_start(w, units, warps), u1 = sk_start(w + 1, units, warps);
 
+    pdl_trigger();
+    // Weights and the table only until pdl_wait (pdl.cuh): the first unit's loads and the table
+    // build overlap the previous kernel's tail.
     uint4 p[K];
     uint32_t a;
-    sk_load<K>(packed_t, absmax_t, u0, lane, p, a);  // in flight while the table is built
+    sk_load<K>(packed_t, absmax_t, u0, lane, p, a);
     build_wide_lut<K>(tbl, codebook);
+    pdl_wait();
     float xscale[M], xinv[M];
     row_scales<T, M>(x, nb * 32, xscale, xinv);  // synchronizes the block
 
@@ -171,9 +176,12 @@ int launch_gemv_sk_km(const void* x, const void* pt, const uint8_t* at, const fl
     const cudaError_t attr =
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (attr != cudaSuccess) return static_cast<int>(attr);
-    kern<<<ctas, kSkThreads, smem, stream>>>(static_cast<const T*>(x), static_cast<const uint4*>(pt),
+    cudaLaunchAttribute attrs[1];
+    const cudaLaunchConfig_t cfg = pdl_config(dim3(ctas), dim3(kSkThreads), smem, stream, attrs);
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, static_cast<const T*>(x), static_cast<const uint4*>(pt),
                                              reinterpret_cast<const uint32_t*>(at), cb, static_cast<const T*>(bias),
                                              static_cast<T*>(y), N, nb, ws, counters);
+    if (e != cudaSuccess) return static_cast<int>(e);
     KBIT_RETURN_LAUNCH_STATUS();
 }
 

@@ -19,6 +19,7 @@
 // backends/cuda picks the slot GEMV (kbit_grouped_gemv.cu, fixed order) in deterministic mode.
 #include "kbit_sk.cuh"
 #include "moe_common.cuh"
+#include "pdl.cuh"
 
 namespace kbit {
 
@@ -50,6 +51,9 @@ __global__ void __launch_bounds__(kSkThreads, M == 1 ? 3 : 2) grouped_gemv_sk_ke
     const int lane = threadIdx.x & 31;
     const int n_tiles = (N + kTileN - 1) / kTileN;
     const long long per_item = static_cast<long long>(n_tiles) * nb;
+    pdl_trigger();
+    build_wide_lut<K>(tbl, codebook);  // while the previous kernel may still run; offs, x, y after (pdl.cuh)
+    pdl_wait();
     const int items = min(moe::count_items(offs, n_exp, rows, M), max_items);  // grid-uniform
     const long long units = items * per_item;
     const long long warps =
@@ -74,8 +78,7 @@ __global__ void __launch_bounds__(kSkThreads, M == 1 ? 3 : 2) grouped_gemv_sk_ke
         expert = it.expert;
         sk_load<K>(packed_t, absmax_t, (static_cast<long long>(expert) * n_tiles + t) * nb + j, lane, p, a);
     }
-    build_wide_lut<K>(tbl, codebook);  // while the first unit is in flight
-    __syncthreads();
+    __syncthreads();  // the table
     if (!active) return;
 
     const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
@@ -214,7 +217,9 @@ int launch_grouped_gemv_sk(const void* x, const void* pt, const uint8_t* at, con
     const uint32_t* a4 = reinterpret_cast<const uint32_t*>(at);
     T* yt = static_cast<T*>(y);
     void* args[] = {&xt, &p4, &a4, &cb, &offs, &yt, &n_exp, &rows, &N, &nb, &max_items, &accum, &counters};
-    const cudaError_t e = cudaLaunchKernel(f, dim3(static_cast<unsigned>(ctas)), dim3(kSkThreads), args, smem, stream);
+    cudaLaunchAttribute attrs[1];
+    const cudaLaunchConfig_t cfg = pdl_config(dim3(static_cast<unsigned>(ctas)), dim3(kSkThreads), smem, stream, attrs);
+    const cudaError_t e = cudaLaunchKernelExC(&cfg, f, args);
     if (e != cudaSuccess) return static_cast<int>(e);
     KBIT_RETURN_LAUNCH_STATUS();
 }

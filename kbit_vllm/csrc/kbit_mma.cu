@@ -24,6 +24,7 @@
 // accumulator and counter zero for the next call (graph replays included).
 #include "kbit_mma_frag.cuh"
 #include "kbit_sk.cuh"
+#include "pdl.cuh"
 
 namespace kbit {
 
@@ -340,12 +341,9 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW, V>::kMinBlocks)
         }
     };
 
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-        if (u0 + s < u1) load_stage(s);
-        cp_async_commit();
-    }
-    // The table is built while the first stages are in flight; the loop's first barrier publishes it.
+    // The table is built while the previous kernel may still run (PDL, pdl.cuh); the stages carry x
+    // and follow pdl_wait. The loop's first barrier publishes the table.
+    pdl_trigger();
     float cbl = 0.f;
     if constexpr (S::kLut) {
         if constexpr (S::kWideLut) {
@@ -359,6 +357,12 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW, V>::kMinBlocks)
         }
     } else {
         cbl = lane_codebook<K>(codebook, lane);
+    }
+    pdl_wait();
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+        if (u0 + s < u1) load_stage(s);
+        cp_async_commit();
     }
     const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
     const char* tblc = reinterpret_cast<const char*>(tbl);
@@ -656,9 +660,12 @@ int launch_mma_kmt(const void* x, const void* pt, const uint8_t* at, const float
         const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytes);
         if (e != cudaSuccess) return static_cast<int>(e);
     }
-    kern<<<ctas, kMmaThreads, S::kBytes, stream>>>(static_cast<const T*>(x), static_cast<const uint32_t*>(pt), at, cb,
-                                                   static_cast<const T*>(bias), static_cast<T*>(y), M, N, nb, det, ws,
-                                                   counters);
+    cudaLaunchAttribute attrs[1];
+    const cudaLaunchConfig_t cfg = pdl_config(dim3(ctas), dim3(kMmaThreads), S::kBytes, stream, attrs);
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, static_cast<const T*>(x), static_cast<const uint32_t*>(pt), at,
+                                             cb, static_cast<const T*>(bias), static_cast<T*>(y), M, N, nb, det, ws,
+                                             counters);
+    if (e != cudaSuccess) return static_cast<int>(e);
     KBIT_RETURN_LAUNCH_STATUS();
 }
 

@@ -81,13 +81,12 @@ def choose_path(m: int, capability: tuple[int, int]) -> str:
 SK_WARPS = 8  # warps per CTA
 SK_MAX_M = 4  # instantiated for M = 1..4
 SK_UNIT_INPUTS = 512
-# M -> units per warp of a full wave at least for the auto "gemv" path to take stream-K; below (and
-# at M = 1, where the warp GEMV was as fast or faster on every shape), the warp GEMV runs.
-# H200, benchmarks/RESULTS.md 2026-11-21 session 3, fp16 group 128, stream-K / warp µs:
-# M=1 gateup 27.0/27.3, down 17.5/14.8, qkv 10.6/9.1; M=2 gateup 32.3/37.1 (9 units per warp),
-# down 20.3/22.1 (4.5), qkv 12.2/11.1 (1.9); M=4 gateup 40.6/51.4, down 24.0/33.5, qkv 14.0/15.7
-# (2.9), o 11.1/11.8 (1.9), 2048x5120 10.0/9.6 (1.2).
-SK_MIN_UNITS: dict[int, float] = {2: 3.0, 3: 1.5, 4: 1.5}
+# M -> units per warp of a full wave at least for the auto "gemv" path to take stream-K; below, the
+# warp GEMV runs. H200 2026-11-21 session 5 (both launched with PDL), fp16 group 128, stream-K /
+# warp µs: M=1 gateup 24.5/29.5 (9 units per warp), down 14.6/14.3 (4.5), qkv 8.4/8.6 (1.9),
+# o 7.2/5.4 (1.3); M=2 gateup 30.7/36.4, down 17.6/21.3, qkv 9.4/10.4, o 8.3/8.6. Session 3, M=4:
+# gateup 40.6/51.4, down 24.0/33.5, qkv 14.0/15.7 (2.9), o 11.1/11.8 (1.9), 2048x5120 10.0/9.6 (1.2).
+SK_MIN_UNITS: dict[int, float] = {1: 6.0, 2: 1.5, 3: 1.5, 4: 1.5}
 _SK_OCC: dict[tuple[int, int, str], int] = {}
 
 
@@ -98,7 +97,7 @@ def gemv_sk_units(in_f: int, out_f: int) -> int:
 
 def gemv_sk_ctas(dev: torch.device, suffix: str, m: int, in_f: int, out_f: int, forced: bool = False) -> int:
     """One wave of the stream-K GEMV (resident CTAs per SM x SMs); 0 where the warp GEMV is used
-    instead (M = 1 or > 4, or fewer than SK_MIN_UNITS[M] units per warp of a wave). forced: any grid with
+    instead (M > 4, or fewer than SK_MIN_UNITS[M] units per warp of a wave). forced: any grid with
     >= 1 unit per warp (tests, benchmarks); 0 when even one CTA has too few."""
     if not 0 < m <= SK_MAX_M:
         return 0

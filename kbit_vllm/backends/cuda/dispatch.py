@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 DETERMINISTIC_ENV = "KBIT_VLLM_DETERMINISTIC"
+PDL_ENV = "KBIT_VLLM_PDL"
 
 
 def deterministic() -> bool:
@@ -18,6 +19,13 @@ def deterministic() -> bool:
     same input gives the same bits (the stream-K GEMVs, the stream-K MMA and the grouped MMA's
     split-K otherwise add their partials with float atomics)."""
     return os.environ.get(DETERMINISTIC_ENV, "0") not in ("", "0", "false", "False")
+
+
+def pdl() -> bool:
+    """Programmatic dependent launch for the GEMVs (csrc/pdl.cuh, sm_90+): their launch, weight
+    loads and table build overlap the previous kernel's tail. KBIT_VLLM_PDL=0 turns it off."""
+    return os.environ.get(PDL_ENV, "1") not in ("", "0", "false", "False")
+
 
 # (major, minor) -> (gemv_max_m, mma_max_m)
 THRESHOLDS: dict[tuple[int, int], tuple[int, int]] = {

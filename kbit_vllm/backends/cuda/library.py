@@ -15,6 +15,8 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import dispatch
+
 LIB_NAME = "libkbit_vllm.so"
 LIBRARY_ENV = "KBIT_VLLM_LIBRARY"
 STRICT_ENV = "KBIT_VLLM_STRICT"
@@ -56,6 +58,7 @@ def _load() -> tuple[ctypes.CDLL | None, LibraryStatus]:
             lib.kbit_vllm_error_string.restype = ctypes.c_char_p
             lib.kbit_vllm_error_string.argtypes = [ctypes.c_int]
             archs = tuple(a for a in lib.kbit_vllm_archs().decode().split(",") if a)
+            lib.kbit_vllm_set_pdl(ctypes.c_int(int(dispatch.pdl())))
         except OSError as e:
             return None, LibraryStatus(False, str(path), reason=f"{path} failed to load: {e}")
         except AttributeError as e:  # some other shared object, or a build from another version

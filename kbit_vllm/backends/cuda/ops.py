@@ -162,23 +162,24 @@ def gemv_config(n: int, nb: int, sms: int, cluster: bool) -> tuple[int, int, int
 
 _SK_OCC: dict[tuple[int, int, int, str], int] = {}
 SK_WARPS = 8  # warps per CTA of the stream-K GEMV (csrc/kbit_gemv_sk.cu)
-SK_MIN_UNITS = 3  # (tile, block) units per warp of a full wave at least; below, the cluster GEMV wins
+# M -> (tile, block) units per warp of a full wave at least for the stream-K GEMV; below, the cluster
+# GEMV wins. H200 2026-11-21 session 5 (stream-K launched with PDL), k=4 fp16, stream-K / cluster
+# µs: M=1 4096x6144 (1.9 units per warp) 8.8 / 10.0, 4096x4096 (1.3) 7.5 / 8.0; M=2 4096x6144
+# 11.8 / 11.8, 4096x4096 11.8 / 9.3; M=4 4096x6144 (2.9) 13.2 / 14.8, 4096x4096 (1.9) 12.2 / 11.5.
+SK_MIN_UNITS: dict[int, float] = {1: 1.0, 2: 3.0, 3: 2.5, 4: 2.5}
 
 
 def gemv_sk_ctas(dev: torch.device, sfx: str, k: int, m: int, out_features: int, nb: int,
                  forced: bool = False) -> int:
-    """One wave of the stream-K GEMV (resident CTAs per SM x SMs); 0 where the cluster GEMV is faster.
-
-    H200, benchmarks/RESULTS.md 2026-11-21: the stream-K GEMV wins once a full wave has >= 3
-    (tile, block) units per warp (4096x28672: 13.6, 14336x4096: 6.8) and loses below (4096x6144:
-    1.9, 4096x4096: 1.3), where the cluster GEMV's per-tile split is already balanced."""
+    """One wave of the stream-K GEMV (resident CTAs per SM x SMs); 0 where the cluster GEMV is
+    faster (fewer than SK_MIN_UNITS[m] units per warp of the wave)."""
     if k > 4:
         return 0
     key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, m, sfx)
     if key not in _SK_OCC:
         _SK_OCC[key] = int(getattr(LIB, f"kbit_vllm_gemv_sk_ctas_per_sm_{sfx}")(_i(k), _i(m)))
     return dispatch.stream_k_grid(_SK_OCC[key] * _sms(dev), ((out_features + 127) // 128) * nb, SK_WARPS,
-                                  SK_MIN_UNITS, forced)
+                                  SK_MIN_UNITS.get(m), forced)
 
 
 def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch.Tensor, codebook: torch.Tensor,

@@ -1,0 +1,166 @@
+"""Kernels launched with programmatic dependent launch (csrc/pdl.cuh) see their predecessors' writes.
+
+A PDL kernel may start while the kernel before it is still running; it must not read x or the
+expert offsets, nor touch y or the shared scratch, before griddepcontrol.wait. These tests chain
+the PDL kernels back to back so each one's input is the output its predecessor is still writing
+(and the stream-K ones share one scratch accumulator), eagerly and in CUDA-graph replays with new
+inputs, and check every link against a float64 product of that link's actual input. An input
+read too early is NaN (poisoned allocations) or the previous replay's value, and fails the check.
+Skips cleanly without a CUDA GPU or a library built for it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cuda_helpers import cuda_kernels_ok, poison_allocator
+
+from kbit_vllm import ops
+from kbit_vllm.formats import dequantize_kbit, normal_float_codebook, quantize_awq_rtn, unpack_awq
+
+_OK, _WHY = cuda_kernels_ok()
+pytestmark = pytest.mark.skipif(not _OK, reason=f"CUDA kernels unavailable: {_WHY}")
+
+if _OK:
+    from kbit_vllm.backends.cuda import awq_ops
+    from kbit_vllm.backends.cuda import ops as cuda_ops
+
+DEV = "cuda"
+DTYPES = (torch.float16, torch.bfloat16)
+KBIT_TOL = {torch.float16: 1e-2, torch.bfloat16: 2e-2}
+AWQ_TOL = {torch.float16: 5e-3, torch.bfloat16: 3e-2}
+DIM = 4096  # square layers, so each link's output is the next one's input
+
+
+def _close(y: torch.Tensor, x: torch.Tensor, w64: torch.Tensor, tol: float, what: str) -> None:
+    want = x.double() @ w64.t()
+    assert not torch.isnan(y).any(), f"{what}: NaN output (an input or output touched too early)"
+    err = ((y.double() - want).abs().max() / want.abs().max().clamp_min(1e-6)).item()
+    assert err < tol, f"{what}: max-norm relative error {err:.3g}"
+
+
+def _run_chain(links, x: torch.Tensor) -> list[torch.Tensor]:
+    """[x, y1, y2, ...]: every link applied to the previous output, with no op in between."""
+    outs = [x]
+    for f in links:
+        outs.append(f(outs[-1]))
+    return outs
+
+
+def _check_chain(links, w64s, x: torch.Tensor, tol: float) -> None:
+    """Eager, then graph replays with fresh inputs; every link checked against its own input."""
+    poison_allocator(64 << 20)
+    outs = _run_chain(links, x)
+    for i, w in enumerate(w64s):
+        _close(outs[i + 1], outs[i], w, tol, f"eager link {i}")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        _run_chain(links, x)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        gouts = _run_chain(links, x)
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        for y in gouts[1:]:
+            y.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        for i, w in enumerate(w64s):
+            _close(gouts[i + 1], gouts[i], w, tol, f"replay link {i}")
+
+
+def _kbit_layer(k: int, dtype: torch.dtype, scale: float):
+    w = torch.randn(DIM, DIM, device=DEV) * scale
+    cb = normal_float_codebook(k).to(DEV)
+    packed, absmax = ops.kbit_quantize(w, cb, k)
+    pt, at = ops.kbit_repack(packed, absmax, k)
+    return pt, at, cb, dequantize_kbit(packed, absmax, cb, k, torch.float64)
+
+
+@pytest.mark.parametrize("m", (1, 3))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kbit_gemv_chain(m, dtype):
+    """Stream-K and cluster GEMVs back to back (the stream-K links share one accumulator)."""
+    paths = ("gemv_sk", "gemv_sk", "gemv_cluster", "gemv_sk", "gemv_cluster", "gemv_cluster")
+    layers = [_kbit_layer(4 if i % 2 else 3, dtype, DIM ** -0.5) for i in range(len(paths))]
+    links = [
+        (lambda h, p=p, L=L, k=(4 if i % 2 else 3): cuda_ops.linear_path(h, L[0], L[1], L[2], None, k, DIM, p))
+        for i, (p, L) in enumerate(zip(paths, layers, strict=True))]
+    x = torch.randn(m, DIM, device=DEV, dtype=dtype)
+    _check_chain(links, [L[3] for L in layers], x, KBIT_TOL[dtype])
+
+
+@pytest.mark.parametrize("m", (1, 2))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_awq_gemv_chain(m, dtype):
+    """awq warp and stream-K GEMVs back to back, group 128."""
+    group, paths = 128, ("gemv_warp", "gemv_sk", "gemv_sk", "gemv_warp", "gemv_warp")
+    layers = []
+    for _ in paths:
+        w = torch.randn(DIM, DIM, device=DEV, dtype=dtype) * DIM ** -0.5
+        qw, qz, s = quantize_awq_rtn(w, group, scale_dtype=dtype)
+        wq, sz = ops.awq_repack(qw, qz, s, group, dtype)
+        q = unpack_awq(qw).double()
+        z = unpack_awq(qz).double().repeat_interleave(group, dim=0)
+        layers.append((wq, sz, ((q - z) * s.double().repeat_interleave(group, dim=0)).t()))
+    links = [(lambda h, p=p, L=L: awq_ops.linear_path(h, L[0], L[1], None, group, DIM, p))
+             for p, L in zip(paths, layers, strict=True)]
+    x = torch.randn(m, DIM, device=DEV, dtype=dtype)
+    _check_chain(links, [L[2] for L in layers], x, AWQ_TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_grouped_gemv_reads_fresh_offsets(dtype):
+    """The grouped stream-K GEMV after the kernels that write its input and its expert offsets."""
+    n_exp, rows, k, in_f = 16, 24, 4, 2048
+    cb = normal_float_codebook(k).to(DEV)
+    w = torch.randn(n_exp * in_f, in_f, device=DEV) * in_f ** -0.5
+    packed, absmax = ops.kbit_quantize(w, cb, k)
+    tiles = [ops.kbit_repack(packed[e * in_f:(e + 1) * in_f], absmax[e * in_f:(e + 1) * in_f], k)
+             for e in range(n_exp)]
+    pt, at = torch.stack([t[0] for t in tiles]), torch.stack([t[1] for t in tiles])
+    w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64).view(n_exp, in_f, in_f)
+    counts = torch.zeros(n_exp, dtype=torch.int32, device=DEV)
+    x = torch.randn(rows, in_f, device=DEV, dtype=dtype)
+
+    def layer(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        offs = torch.cat([counts.new_zeros(1), counts.cumsum(0, dtype=torch.int32)])  # written just before
+        y = cuda_ops.grouped_path(h, pt, at, cb, offs, k, in_f, "gemv_sk")
+        y2 = cuda_ops.grouped_path(y, pt, at, cb, offs, k, in_f, "gemv_sk")  # back to back
+        return offs, y, y2
+
+    def check(offs: torch.Tensor, h: torch.Tensor, y: torch.Tensor) -> None:
+        want = torch.zeros(rows, in_f, dtype=torch.float64, device=DEV)
+        o = offs.tolist()
+        for e in range(n_exp):
+            want[o[e]:o[e + 1]] = h[o[e]:o[e + 1]].double() @ w64[e].t()
+        assert not torch.isnan(y).any()
+        err = ((y.double() - want).abs().max() / want.abs().max()).item()
+        assert err < KBIT_TOL[dtype], f"max-norm relative error {err:.3g}"
+
+    def new_routing() -> None:
+        ids = torch.randint(0, n_exp, (rows,), device=DEV)
+        counts.copy_(torch.bincount(ids, minlength=n_exp).to(torch.int32))
+
+    poison_allocator(64 << 20)
+    new_routing()
+    offs, y, y2 = layer(x)
+    check(offs, x, y)
+    check(offs, y, y2)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        layer(x)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        goffs, gy, gy2 = layer(x)
+    for _ in range(3):
+        new_routing()
+        x.copy_(torch.randn_like(x))
+        g.replay()
+        torch.cuda.synchronize()
+        check(goffs, x, gy)
+        check(goffs, gy, gy2)
