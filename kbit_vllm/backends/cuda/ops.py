@@ -316,12 +316,18 @@ def grouped_mma_config(rows: int, n_exp: int, n: int, nb: int, sms: int, bm: int
                        capability: tuple[int, int] = (9, 0)) -> tuple[int, int, int]:
     """(bm, items, splits) for the grouped MMA: the row tile, the grid's work-item bound and the
     K splits that bring the expected CTAs to about one wave of resident CTAs (split only when the
-    unsplit grid fills under half of it: each split adds a partial-sum pass)."""
+    unsplit grid fills under half of it: each split adds a partial-sum pass). A dispatched tile
+    halves (down to 16) while the layer has fewer (expert, row tile, n-tile) tiles than SMs: few
+    experts with many rows each (seed 002's 8 experts) otherwise leave most SMs to split-K."""
     active = max(1, min(n_exp, rows))
     per = dispatch.grouped_rows_per_expert(rows, n_exp)
-    bm = bm or dispatch.grouped_bm(per, capability)
+    n_tiles = (n + 127) // 128
+    if not bm:
+        bm = dispatch.grouped_bm(per, capability)
+        while bm > 16 and active * -(-per // bm) * n_tiles < sms:
+            bm //= 2
     items = (rows + active * (bm - 1)) // bm  # sum over experts of ceil(rows_e / bm), at most
-    tiles = active * -(-per // bm) * ((n + 127) // 128)
+    tiles = active * -(-per // bm) * n_tiles
     target = GMMA_CTAS_PER_SM.get(bm, 1) * sms
     stages = (nb + 1) // 2
     splits = 1
