@@ -174,6 +174,26 @@ def test_bf16_activation_range(scale, path):
         _check_linear(y[r : r + 1], x[r : r + 1], w64, None, torch.bfloat16)
 
 
+@pytest.mark.parametrize("k", (2, 3, 4))
+@pytest.mark.parametrize("in_f,out_f", ((5120, 4001), (16384, 1500), (16416, 1500)))
+def test_bf16_gemv_sk_staged_x(k, in_f, out_f):
+    """bf16 M=1 stream-K GEMV on layers whose CTAs get >= 12 units: x is staged in shared memory
+    as scaled fp16 (csrc/kbit_gemv_sk.cu, XS), only the blocks of each CTA's units, with CTA ranges
+    that wrap from one tile into the next; nb = 512 is the last staged size, 513 the first not."""
+    packed, absmax, cb = _weights(out_f, in_f, k)
+    pt, at = ops.kbit_repack(packed, absmax, k)
+    w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64)
+    nb, units = in_f // 32, ((out_f + 127) // 128) * (in_f // 32)
+    ctas = cuda_ops.gemv_sk_ctas(torch.device(DEV), "bf16", k, 1, out_f, nb, forced=True)
+    assert units >= 12 * ctas, "the shape no longer reaches the staged-x kernel"
+    bias = torch.randn(out_f, device=DEV, dtype=torch.bfloat16)
+    for scale, b in ((1e-30, None), (1.0, bias), (1e30, None)):
+        x = (torch.randn(1, in_f, device=DEV) * scale).to(torch.bfloat16)
+        poison_allocator(out_f * 2)
+        y = cuda_ops.linear_path(x, pt, at, cb, b, k, out_f, "gemv_sk")
+        _check_linear(y, x, w64, b, torch.bfloat16)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m", (1, 3, 8, 40))
 def test_nonfinite_activations_propagate(dtype, m):

@@ -92,7 +92,19 @@ __device__ __forceinline__ void sk_store_rows(T* __restrict__ y, const T* __rest
     }
 }
 
-template <typename T, int K, int M>
+// bf16 x of one row with up to this many 32-wide blocks is staged (see gemv_sk_kernel's XS), when
+// each CTA has at least kStageXMinUnits units to amortize the staging pass and its barrier. H200
+// (benchmarks/RESULTS.md, session 6), k=4 bf16 M=1 us without -> with: 4096x28672 (72 units per
+// CTA) 26.0 -> 23.3, 14336x4096 (36) 16.7 -> 15.3, 4096x6144 (15.5) 9.7 -> 9.2, 4096x4096 (10)
+// 8.0 -> 8.4, 2048x5120 (6.5) 6.6 -> 6.9.
+constexpr int kStageXBlocks = 512;
+constexpr int kStageXMinUnits = 12;
+
+// XS (bf16, M = 1, nb <= kStageXBlocks): after row_scales, the CTA converts x once into scaled
+// fp16 in the unused right half of the table's 256-byte rows (block j's 64 bytes at row j / 2,
+// byte 128 + 64 (j & 1)), so the unit loop reads it from shared memory instead of every lane
+// converting every x word of every unit. Only the blocks of the CTA's own units are staged.
+template <typename T, int K, int M, bool XS = false>
 __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
     const T* __restrict__ x, const uint4* __restrict__ packed_t, const uint32_t* __restrict__ absmax_t,
     const float* __restrict__ codebook, const T* __restrict__ bias, T* __restrict__ y, int N, int nb,
@@ -116,6 +128,21 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
     pdl_wait();
     float xscale[M], xinv[M];
     row_scales<T, M>(x, nb * 32, xscale, xinv);  // synchronizes the block
+    if constexpr (XS) {
+        // Only the blocks of this CTA's units: consecutive units, so blocks jb0, jb0 + 1, ... mod nb.
+        const long long c0 = sk_start(static_cast<long long>(blockIdx.x) * kSkWarps, units, warps);
+        const long long c1 = sk_start(static_cast<long long>(blockIdx.x + 1) * kSkWarps, units, warps);
+        const int span = static_cast<int>(c1 - c0 < nb ? c1 - c0 : nb);
+        const int jb0 = static_cast<int>(c0 % nb);
+        const uint32_t* xw = reinterpret_cast<const uint32_t*>(x);
+        for (int q = threadIdx.x; q < span * 16; q += blockDim.x) {  // 16 words (32 values) per block
+            int jb = jb0 + (q >> 4);
+            if (jb >= nb) jb -= nb;
+            tbl[(jb >> 1) * 64 + 32 + (jb & 1) * 16 + (q & 15)] =
+                bf16x2_to_scaled_h2(__ldg(xw + jb * 16 + (q & 15)), xscale[0]);
+        }
+        __syncthreads();
+    }
 
     const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
     const char* tblc = reinterpret_cast<const char*>(tbl);
@@ -135,7 +162,12 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
         uint4 pn[K];
         uint32_t an = 0;
         if (u + 1 < u1) sk_load<K>(packed_t, absmax_t, u + 1, lane, pn, an);
-        sk_unit<T, K, M, !std::is_same<T, half>::value>(p, a, x4 + j * 4, xoff, tblc, lane4, acc, xscale);
+        if constexpr (XS) {
+            const uint4* xs = reinterpret_cast<const uint4*>(tbl + (j >> 1) * 64 + 32 + (j & 1) * 16);
+            sk_unit<T, K, M, false, true>(p, a, xs, xoff, tblc, lane4, acc);
+        } else {
+            sk_unit<T, K, M, !std::is_same<T, half>::value>(p, a, x4 + j * 4, xoff, tblc, lane4, acc, xscale);
+        }
 #pragma unroll
         for (int b = 0; b < K; ++b) p[b] = pn[b];
         a = an;
@@ -168,10 +200,10 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
     }
 }
 
-template <typename T, int K, int M>
-int launch_gemv_sk_km(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int N,
-                      int nb, void* y, int ctas, float* ws, int* counters, cudaStream_t stream) {
-    auto kern = gemv_sk_kernel<T, K, M>;
+template <typename T, int K, int M, bool XS>
+int launch_gemv_sk_kmx(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int N,
+                       int nb, void* y, int ctas, float* ws, int* counters, cudaStream_t stream) {
+    auto kern = gemv_sk_kernel<T, K, M, XS>;
     constexpr size_t smem = kSkSmem;
     const cudaError_t attr =
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
@@ -183,6 +215,17 @@ int launch_gemv_sk_km(const void* x, const void* pt, const uint8_t* at, const fl
                                              static_cast<T*>(y), N, nb, ws, counters);
     if (e != cudaSuccess) return static_cast<int>(e);
     KBIT_RETURN_LAUNCH_STATUS();
+}
+
+template <typename T, int K, int M>
+int launch_gemv_sk_km(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int N,
+                      int nb, void* y, int ctas, float* ws, int* counters, cudaStream_t stream) {
+    if constexpr (M == 1 && std::is_same<T, __nv_bfloat16>::value) {
+        const long long units = static_cast<long long>((N + kTileN - 1) / kTileN) * nb;
+        if (nb <= kStageXBlocks && units >= static_cast<long long>(kStageXMinUnits) * ctas)
+            return launch_gemv_sk_kmx<T, K, M, true>(x, pt, at, cb, bias, N, nb, y, ctas, ws, counters, stream);
+    }
+    return launch_gemv_sk_kmx<T, K, M, false>(x, pt, at, cb, bias, N, nb, y, ctas, ws, counters, stream);
 }
 
 template <typename T, int K>

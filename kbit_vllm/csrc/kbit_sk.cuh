@@ -63,7 +63,8 @@ __device__ __forceinline__ uint32_t bf16x2_to_scaled_h2(uint32_t u, float scale)
 // are the uint4s xb[xoff[m] + 0..3] (xoff lets a caller repeat a row for masked passes).
 // kScaledBf16: bf16 x is turned into fp16 times xscale[m] (a power of two that keeps the row
 // inside fp16, see row_scales) and runs the half2 loop; the caller divides the sums by it.
-template <typename T, int K, int M, bool kScaledBf16 = false>
+// kXShared: xb points into shared memory at x already in that scaled fp16 form.
+template <typename T, int K, int M, bool kScaledBf16 = false, bool kXShared = false>
 __device__ __forceinline__ void sk_unit(const uint4 (&p)[K], uint32_t a, const uint4* __restrict__ xb,
                                         const int (&xoff)[M], const char* tblc, uint32_t lane4,
                                         float (&acc)[4][M], const float* xscale = nullptr) {
@@ -80,7 +81,7 @@ __device__ __forceinline__ void sk_unit(const uint4 (&p)[K], uint32_t a, const u
 #pragma unroll
     for (int r = 0; r < 4; ++r) s[r] = decode_e4m4_fast((a >> (8 * r)) & 0xFFu);
 
-    if constexpr (std::is_same<T, half>::value || kScaledBf16) {
+    if constexpr (std::is_same<T, half>::value || kScaledBf16 || kXShared) {
         // half2 FMA over 8 pairs, then flushed to fp32 times the block scale.
         half2 hp[4][M];
 #pragma unroll
@@ -88,8 +89,8 @@ __device__ __forceinline__ void sk_unit(const uint4 (&p)[K], uint32_t a, const u
             uint4 xi[M];
 #pragma unroll
             for (int m = 0; m < M; ++m) {
-                xi[m] = __ldg(xb + xoff[m] + i);
-                if constexpr (kScaledBf16) {
+                xi[m] = kXShared ? xb[xoff[m] + i] : __ldg(xb + xoff[m] + i);
+                if constexpr (kScaledBf16 && !kXShared) {
                     xi[m].x = bf16x2_to_scaled_h2(xi[m].x, xscale[m]);
                     xi[m].y = bf16x2_to_scaled_h2(xi[m].y, xscale[m]);
                     xi[m].z = bf16x2_to_scaled_h2(xi[m].z, xscale[m]);
