@@ -16,7 +16,9 @@ int4 g128 AutoAWQ folder of the same random weights). Each engine runs in its ow
 layers, folder build and engine init seconds, compile and cudagraph modes, weight memory and the
 peak while loading, then greedy outputs with logprobs (tiny*), decode tokens/s at batch 1 and 16
 (bench), or decode tokens/s at batch 1, 16, 64 and prefill tokens/s on 2048-token prompts (l3,
-q3moe*). KBIT_E2E_CLEAN=1 deletes each folder after the last name that reads it.
+q3moe*). KBIT_E2E_CLEAN=1 deletes each folder after the last name that reads it. KBIT_E2E_PROFILE=1
+adds PROFILE lines (l3, q3moe*, bench): the GPU kernels of one batch-1 decode step, CUDA graph
+replays included, by time per step.
 Without a GPU the engines run eager on vLLM's CPU backend (a check of the code path, not timings).
 """
 
@@ -370,6 +372,45 @@ def child(name: str) -> None:
             res["prefill2048_tok_s"] = prefill_tok_s(llm, SamplingParams, hf.vocab_size, prefill_reps)
     res["measure_s"] = round(time.perf_counter() - t0, 1)
     print("RESULT " + json.dumps(res), flush=True)
+    if gpu and os.environ.get("KBIT_E2E_PROFILE", "0") == "1" and model not in ("tiny", "tinymoe"):
+        profile_decode(llm, SamplingParams, name)
+
+
+def profile_decode(llm, sp_cls, name: str, tokens: int = 33) -> None:
+    """Where a batch-1 decode step's GPU time goes: kernels (inside CUDA graph replays too) summed
+    over a (tokens)-token generate minus a 1-token one, per step; one PROFILE line per kernel."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    prompt = [{"prompt_token_ids": list(range(10, 42))}]
+
+    def kernels(n: int) -> tuple[dict, float]:
+        llm.generate(prompt, sp_cls(max_tokens=n, temperature=0.0, ignore_eos=True), use_tqdm=False)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            llm.generate(prompt, sp_cls(max_tokens=n, temperature=0.0, ignore_eos=True), use_tqdm=False)
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t
+        out: dict = {}
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                tot, cnt = out.get(e.name, (0.0, 0))
+                out[e.name] = (tot + e.device_time, cnt + 1)  # device_time in us
+        return out, wall
+
+    many, wall_n = kernels(tokens)
+    one, wall_1 = kernels(1)
+    steps = tokens - 1
+    rows = []
+    for k, (t, c) in many.items():
+        t1, c1 = one.get(k, (0.0, 0))
+        rows.append(((t - t1) / steps, (c - c1) / steps, k))
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows)
+    print(f"PROFILE {name} step_wall_us={(wall_n - wall_1) / steps * 1e6:.0f} kernel_sum_us={total:.0f}", flush=True)
+    for us, cnt, k in rows[:25]:
+        print(f"PROFILE {name} {us:8.1f} us {cnt:6.1f}x {k[:150]}", flush=True)
 
 
 def main(names: list[str]) -> None:
