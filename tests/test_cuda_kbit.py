@@ -178,8 +178,9 @@ def test_bf16_activation_range(scale, path):
 @pytest.mark.parametrize("in_f,out_f", ((5120, 4001), (16384, 1500), (16416, 1500)))
 def test_bf16_gemv_sk_staged_x(k, in_f, out_f):
     """bf16 M=1 stream-K GEMV on layers whose CTAs get >= 12 units: x is staged in shared memory
-    as scaled fp16 (csrc/kbit_gemv_sk.cu, XS), only the blocks of each CTA's units, with CTA ranges
-    that wrap from one tile into the next; nb = 512 is the last staged size, 513 the first not."""
+    as scaled fp16 (csrc/kbit_gemv_sk.cu, XS) at the CTA's own scale, only the blocks of each CTA's
+    units, with CTA ranges that wrap from one tile into the next; nb = 512 is the last staged size,
+    513 the first not."""
     packed, absmax, cb = _weights(out_f, in_f, k)
     pt, at = ops.kbit_repack(packed, absmax, k)
     w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64)
@@ -187,7 +188,10 @@ def test_bf16_gemv_sk_staged_x(k, in_f, out_f):
     ctas = cuda_ops.gemv_sk_ctas(torch.device(DEV), "bf16", k, 1, out_f, nb, forced=True)
     assert units >= 12 * ctas, "the shape no longer reaches the staged-x kernel"
     bias = torch.randn(out_f, device=DEV, dtype=torch.bfloat16)
-    for scale, b in ((1e-30, None), (1.0, bias), (1e30, None)):
+    # Per-block magnitudes 2^0..2^18 give CTAs different scales; a partial left at the wrong
+    # scale would be off by up to 2^18 relative to its share of every output.
+    stepped = torch.pow(2.0, 3.0 * (torch.arange(in_f, device=DEV) // 32 % 7))
+    for scale, b in ((1e-30, None), (1.0, bias), (1e30, None), (stepped, None)):
         x = (torch.randn(1, in_f, device=DEV) * scale).to(torch.bfloat16)
         poison_allocator(out_f * 2)
         y = cuda_ops.linear_path(x, pt, at, cb, b, k, out_f, "gemv_sk")

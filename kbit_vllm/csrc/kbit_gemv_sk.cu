@@ -27,53 +27,65 @@
 namespace kbit {
 
 
-// Per row m of x: bf16 -> a power of two that maps max |x[m]| below 2^10, so the fp16 half2
-// partial sums (8 products of |w| <= 1) stay far from overflow; xinv undoes it on output. fp16
-// x keeps scale 1. Inf/NaN rows keep scale 1 and propagate. Ends with a block barrier.
-template <typename T, int M>
-__device__ __forceinline__ void row_scales(const T* __restrict__ x, int in_f, float (&xscale)[M], float (&xinv)[M]) {
+// From each thread's max |x| per row: the power of two that maps the block's max below 2^10, so
+// the fp16 half2 partial sums (8 products of |w| <= 1) stay far from overflow, and its inverse,
+// which undoes it on output. Inf rows keep scale 1 (NaN is ignored by fmaxf) and propagate.
+// Starts and ends with a block barrier's worth of ordering: call it from every thread.
+template <int M>
+__device__ __forceinline__ void block_scales(const float (&mx)[M], float (&xscale)[M], float (&xinv)[M]) {
     __shared__ float red[kSkWarps][M];
     __shared__ float sc[2][M];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+        const float v = warp_max(mx[m]);
+        if (lane == 0) red[warp][m] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < M) {
+        float v = 0.f;
+        for (int w = 0; w < kSkWarps; ++w) v = fmaxf(v, red[w][threadIdx.x]);
+        int e = 0;
+        if (v > 0.f && v < INFINITY) {
+            frexpf(v, &e);  // v < 2^e
+            e = min(max(10 - e, -120), 120);
+        }
+        sc[0][threadIdx.x] = ldexpf(1.f, e);
+        sc[1][threadIdx.x] = ldexpf(1.f, -e);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+        xscale[m] = sc[0][m];
+        xinv[m] = sc[1][m];
+    }
+}
+
+// Per row m of x: bf16 -> block_scales over the whole row; fp16 x keeps scale 1. Ends with a
+// block barrier.
+template <typename T, int M>
+__device__ __forceinline__ void row_scales(const T* __restrict__ x, int in_f, float (&xscale)[M], float (&xinv)[M]) {
     if constexpr (std::is_same<T, half>::value) {
         __syncthreads();
 #pragma unroll
         for (int m = 0; m < M; ++m) xscale[m] = xinv[m] = 1.f;
     } else {
-        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+        float mx[M];
 #pragma unroll
         for (int m = 0; m < M; ++m) {
             const uint4* row = reinterpret_cast<const uint4*>(x + static_cast<size_t>(m) * in_f);
-            float mx = 0.f;
+            mx[m] = 0.f;
             for (int q = threadIdx.x; q < in_f / 8; q += blockDim.x) {
                 const uint4 v = __ldg(row + q);
                 const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
                 for (int t = 0; t < 4; ++t) {
                     const float2 f = bf16x2_to_float2(w[t]);
-                    mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
+                    mx[m] = fmaxf(mx[m], fmaxf(fabsf(f.x), fabsf(f.y)));
                 }
             }
-            mx = warp_max(mx);
-            if (lane == 0) red[warp][m] = mx;
         }
-        __syncthreads();
-        if (threadIdx.x < M) {
-            float mx = 0.f;
-            for (int w = 0; w < kSkWarps; ++w) mx = fmaxf(mx, red[w][threadIdx.x]);
-            int e = 0;
-            if (mx > 0.f && mx < INFINITY) {
-                frexpf(mx, &e);  // mx < 2^e
-                e = min(max(10 - e, -120), 120);
-            }
-            sc[0][threadIdx.x] = ldexpf(1.f, e);
-            sc[1][threadIdx.x] = ldexpf(1.f, -e);
-        }
-        __syncthreads();
-#pragma unroll
-        for (int m = 0; m < M; ++m) {
-            xscale[m] = sc[0][m];
-            xinv[m] = sc[1][m];
-        }
+        block_scales<M>(mx, xscale, xinv);
     }
 }
 
@@ -100,10 +112,12 @@ __device__ __forceinline__ void sk_store_rows(T* __restrict__ y, const T* __rest
 constexpr int kStageXBlocks = 512;
 constexpr int kStageXMinUnits = 12;
 
-// XS (bf16, M = 1, nb <= kStageXBlocks): after row_scales, the CTA converts x once into scaled
-// fp16 in the unused right half of the table's 256-byte rows (block j's 64 bytes at row j / 2,
-// byte 128 + 64 (j & 1)), so the unit loop reads it from shared memory instead of every lane
-// converting every x word of every unit. Only the blocks of the CTA's own units are staged.
+// XS (bf16, M = 1, nb <= kStageXBlocks): the CTA stages the x blocks of its own units once as
+// scaled fp16 in the unused right half of the table's 256-byte rows (block j's 64 bytes at row
+// j / 2, byte 128 + 64 (j & 1)), so the unit loop reads x from shared memory instead of every lane
+// converting every x word of every unit. The scale is the CTA's own (block_scales over the staged
+// blocks only, not the whole row), so each warp multiplies its partial sums by the CTA's inverse
+// before they meet other CTAs' in the accumulator.
 template <typename T, int K, int M, bool XS = false>
 __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
     const T* __restrict__ x, const uint4* __restrict__ packed_t, const uint32_t* __restrict__ absmax_t,
@@ -127,21 +141,34 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
     build_wide_lut<K>(tbl, codebook);
     pdl_wait();
     float xscale[M], xinv[M];
-    row_scales<T, M>(x, nb * 32, xscale, xinv);  // synchronizes the block
     if constexpr (XS) {
         // Only the blocks of this CTA's units: consecutive units, so blocks jb0, jb0 + 1, ... mod nb.
+        // Raw bf16 words go to their staging slot while the max is taken; after the scale is known
+        // each thread converts the slots it wrote itself (no barrier needed between).
         const long long c0 = sk_start(static_cast<long long>(blockIdx.x) * kSkWarps, units, warps);
         const long long c1 = sk_start(static_cast<long long>(blockIdx.x + 1) * kSkWarps, units, warps);
         const int span = static_cast<int>(c1 - c0 < nb ? c1 - c0 : nb);
         const int jb0 = static_cast<int>(c0 % nb);
         const uint32_t* xw = reinterpret_cast<const uint32_t*>(x);
+        float mx[1] = {0.f};
         for (int q = threadIdx.x; q < span * 16; q += blockDim.x) {  // 16 words (32 values) per block
             int jb = jb0 + (q >> 4);
             if (jb >= nb) jb -= nb;
-            tbl[(jb >> 1) * 64 + 32 + (jb & 1) * 16 + (q & 15)] =
-                bf16x2_to_scaled_h2(__ldg(xw + jb * 16 + (q & 15)), xscale[0]);
+            const uint32_t v = __ldg(xw + jb * 16 + (q & 15));
+            tbl[(jb >> 1) * 64 + 32 + (jb & 1) * 16 + (q & 15)] = v;
+            const float2 f = bf16x2_to_float2(v);
+            mx[0] = fmaxf(mx[0], fmaxf(fabsf(f.x), fabsf(f.y)));
+        }
+        block_scales<1>(mx, xscale, xinv);
+        for (int q = threadIdx.x; q < span * 16; q += blockDim.x) {
+            int jb = jb0 + (q >> 4);
+            if (jb >= nb) jb -= nb;
+            uint32_t& slot = tbl[(jb >> 1) * 64 + 32 + (jb & 1) * 16 + (q & 15)];
+            slot = bf16x2_to_scaled_h2(slot, xscale[0]);
         }
         __syncthreads();
+    } else {
+        row_scales<T, M>(x, nb * 32, xscale, xinv);  // synchronizes the block
     }
 
     const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
@@ -182,12 +209,21 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
         } else {
             const long long tb = static_cast<long long>(t) * nb;
             float* tacc = accum + (static_cast<size_t>(t) * 32 + lane) * (4 * M);  // [r][m] per lane
+            if constexpr (XS) {  // this CTA's scale, undone before the partial meets other CTAs'
+#pragma unroll
+                for (int r = 0; r < 4; ++r)
+#pragma unroll
+                    for (int m = 0; m < M; ++m) acc[r][m] *= xinv[m];
+            }
             sk_red_tile<M>(tacc, acc);
             const long long wf = sk_owner(tb, units, warps), wl = sk_owner(tb + nb - 1, units, warps);
             if (sk_warp_arrive_last(counters + t, static_cast<int>(wl - wf))) {  // last of this tile's warps
                 float sum[4][M];
                 sk_take_tile<M>(tacc, sum);
-                sk_store_rows<T, M>(y, bias, N, row0, sum, xinv);
+                float out_inv[M];  // XS: the partials are unscaled already
+#pragma unroll
+                for (int m = 0; m < M; ++m) out_inv[m] = XS ? 1.f : xinv[m];
+                sk_store_rows<T, M>(y, bias, N, row0, sum, out_inv);
             }
         }
 #pragma unroll
