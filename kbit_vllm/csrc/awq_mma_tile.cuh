@@ -1,8 +1,12 @@
 // awq_orin tensor-core tile (shared by awq_mma.cu and awq_grouped_mma.cu): mma.sync.m16n8k16
-// (fp32 accumulate) over BM tokens x 128 outputs x 32 inputs per k-tile. Activations arrive by
-// cp.async; weight words arrive in registers one k-tile ahead, are dequantized with LOP3
-// (awq_common.cuh) into a padded shared tile W[n][k], and both operands feed the MMA through
-// ldmatrix. Split-K partials go to a torch-allocated fp32 workspace; splitk_reduce sums them.
+// (fp32 accumulate) over BM tokens x 128 outputs x 32 inputs per k-tile. Activations and the
+// packed weight words both arrive by cp.async through a ring of kStages<BM> k-tiles (each thread
+// copies, and later reads back, its own 16 weight bytes, so those need no barrier); one k-tile
+// ahead of the MMA the words are dequantized with LOP3 (awq_common.cuh) into a padded,
+// double-buffered shared tile W[n][k], and both operands feed the MMA through ldmatrix. With
+// only one k-tile in flight (the earlier design) every k-tile waited a full HBM latency, which
+// bounded M=16 at ~4x the weight-read floor. Split-K partials go to a torch-allocated fp32
+// workspace; splitk_reduce sums them.
 #pragma once
 #include "awq_common.cuh"
 #include "mma_ptx.cuh"
@@ -11,6 +15,10 @@ namespace awq {
 
 constexpr int kBN = 128, kBK = 32, kPad = 8, kLd = kBK + kPad;  // smem row stride (elements)
 constexpr int kThreads = 128;                                   // 4 warps, each 32 outputs
+// k-tiles in flight: as many as fit the 48 KB of static shared memory with the A ring (BM x kLd),
+// the weight-word ring (2 KB a stage) and the two dequantized W tiles (20 KB).
+template <int BM>
+constexpr int kStages = BM <= 16 ? 8 : (BM <= 32 ? 6 : 4);
 
 using ptx::cp_async16;
 using ptx::cp_async_commit;
@@ -35,7 +43,9 @@ __device__ __forceinline__ void mma_tile(const T* __restrict__ x, const int32_t*
                                          const T* __restrict__ sz, const T* __restrict__ bias, T* __restrict__ y,
                                          float* __restrict__ partial, int m0, int M, int in, int out, int group,
                                          int n0, int kt_begin, int kt_end) {
-    __shared__ __align__(16) T a_s[2][BM * kLd];
+    constexpr int S = kStages<BM>;
+    __shared__ __align__(16) T a_s[S][BM * kLd];
+    __shared__ __align__(16) int4 w_raw[S][kThreads];
     __shared__ __align__(16) T w_s[2][kBN * kLd];
     constexpr int MT = BM / 16;  // m16 tiles per warp
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -59,10 +69,20 @@ __device__ __forceinline__ void mma_tile(const T* __restrict__ x, const int32_t*
             const T* src = x + static_cast<size_t>(ok ? m0 + r : 0) * in + kt * kBK + ch * 8;
             cp_async16(&a_s[stage][r * kLd + ch * 8], src, ok);
         }
-        cp_async_commit();
     };
-    auto load_w = [&](int kt) -> int4 {
-        return c_ok ? __ldg(wrow + (kt * kBK + k_local) / 4) : make_int4(0, 0, 0, 0);
+    // This thread's 16 weight bytes of k-tile kt (zeros past the last column group).
+    auto load_w = [&](int stage, int kt) {
+        cp_async16(&w_raw[stage][tid], wrow + (kt * kBK + k_local) / 4, c_ok);
+    };
+    // Ring slot s of k-tile kt_begin + i is i % S; a group is committed for every slot, empty
+    // past kt_end, so cp.async.wait_group counts stay uniform.
+    auto issue = [&](int i) {
+        const int kt = kt_begin + i;
+        if (kt < kt_end) {
+            load_a(i % S, kt);
+            load_w(i % S, kt);
+        }
+        cp_async_commit();
     };
     // This thread's scale pairs for input k = kt * kBK + k_local, stepped along with the k-tiles
     // store_w visits in order (kt_begin, kt_begin + 1, ...): k / group is kept as a group
@@ -89,26 +109,27 @@ __device__ __forceinline__ void mma_tile(const T* __restrict__ x, const int32_t*
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 
+    // Prologue: k-tiles 0 .. S-2 in flight; k-tile 0's weights dequantized into W tile 0.
+#pragma unroll
+    for (int i = 0; i < S - 1; ++i) issue(i);
     if (kt_begin < kt_end) {
-        load_a(0, kt_begin);
-        store_w(0, load_w(kt_begin));
+        ptx::cp_async_wait<S - 2>();  // this thread's copies of k-tile 0
+        store_w(0, w_raw[0][tid]);
     }
     for (int kt = kt_begin; kt < kt_end; ++kt) {
-        const int stage = (kt - kt_begin) & 1;
-        ptx::cp_async_wait<0>();
-        __syncthreads();
+        const int n = kt - kt_begin, slot = n % S, stage = n & 1;
+        // Groups committed: k-tiles 0 .. n + S - 2. Complete through n + 1: A of this k-tile (all
+        // threads' copies, published by the barrier) and this thread's weights of the next one.
+        ptx::cp_async_wait<S - 3>();
+        __syncthreads();  // also: every warp is done with slot (n - 1) % S and W tile stage ^ 1
+        issue(n + S - 1);
         const bool more = kt + 1 < kt_end;
-        int4 next_w = make_int4(0, 0, 0, 0);
-        if (more) {
-            load_a(stage ^ 1, kt + 1);
-            next_w = load_w(kt + 1);
-        }
 #pragma unroll
         for (int ks = 0; ks < kBK; ks += 16) {
             uint32_t af[MT][4];
 #pragma unroll
             for (int i = 0; i < MT; ++i)
-                ldmatrix_x4(af[i], &a_s[stage][(i * 16 + (lane & 15)) * kLd + ks + (lane >> 4) * 8]);
+                ldmatrix_x4(af[i], &a_s[slot][(i * 16 + (lane & 15)) * kLd + ks + (lane >> 4) * 8]);
 #pragma unroll
             for (int jp = 0; jp < 2; ++jp) {  // two n8 tiles per ldmatrix.x4
                 uint32_t bf[4];
@@ -121,8 +142,9 @@ __device__ __forceinline__ void mma_tile(const T* __restrict__ x, const int32_t*
                 }
             }
         }
-        if (more) store_w(stage ^ 1, next_w);  // k-tile kt + 1
+        if (more) store_w(stage ^ 1, w_raw[(n + 1) % S][tid]);  // k-tile kt + 1
     }
+    ptx::cp_async_wait<0>();  // no copy outlives the CTA's shared memory (the empty tail groups)
 
     // Epilogue: accumulator (i, j, e) -> row m0 + 16i + lane/4 (+8 for e >= 2),
     // col n0 + 32*warp + 8j + 2*(lane%4) + (e & 1).
