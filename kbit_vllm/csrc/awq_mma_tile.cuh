@@ -1,38 +1,47 @@
 // awq_orin tensor-core tile (shared by awq_mma.cu and awq_grouped_mma.cu): mma.sync.m16n8k16
 // (fp32 accumulate) over BM tokens x 128 outputs x 32 inputs per k-tile. Activations and the
-// packed weight words both arrive by cp.async through a ring of kStages<BM> k-tiles (each thread
-// copies, and later reads back, its own 16 weight bytes, so those need no barrier); one k-tile
-// ahead of the MMA the words are dequantized with LOP3 (awq_common.cuh) into a padded,
-// double-buffered shared tile W[n][k], and both operands feed the MMA through ldmatrix. With
-// only one k-tile in flight (the earlier design) every k-tile waited a full HBM latency, which
-// bounded M=16 at ~4x the weight-read floor. Split-K partials go to a torch-allocated fp32
-// workspace; splitk_reduce sums them.
+// packed weight words both arrive by cp.async through a ring of kStages<BM> k-tiles. A feeds the
+// MMA through ldmatrix; B fragments are built in registers straight from the packed words in
+// the ring (the resident layout, awq_common.cuh: word (c, k) = 8 outputs of input k): the lane
+// holding output n of an n8 tile reads words k, k+1 (and k+8, k+9) of that column group with
+// one 8-byte shared load each, and one byte permute + LOP3 puts output n's two nibbles side by
+// side for the magic-number dequant. The earlier design dequantized every k-tile into a shared
+// W tile and read it back with ldmatrix; that round trip kept the L1 pipe 85% busy at M=16 (ncu)
+// and was the limiter. Split-K partials go to a torch-allocated fp32 workspace; splitk_reduce
+// sums them.
 #pragma once
 #include "awq_common.cuh"
 #include "mma_ptx.cuh"
 
+#include <type_traits>
+
 namespace awq {
 
-constexpr int kBN = 128, kBK = 32, kPad = 8, kLd = kBK + kPad;  // smem row stride (elements)
+constexpr int kBN = 128, kBK = 32, kPad = 8, kLd = kBK + kPad;  // A row stride (elements)
 constexpr int kThreads = 128;                                   // 4 warps, each 32 outputs
-// k-tiles in flight: as many as fit the 48 KB of static shared memory with the A ring (BM x kLd),
-// the weight-word ring (2 KB a stage) and the two dequantized W tiles (20 KB).
+// k-tiles in flight: the A ring (BM x kLd) and the weight-word ring (2 KB a stage) within 48 KB.
 template <int BM>
-constexpr int kStages = BM <= 16 ? 8 : (BM <= 32 ? 6 : 4);
+constexpr int kStages = BM <= 32 ? 8 : 6;
 
 using ptx::cp_async16;
 using ptx::cp_async_commit;
 using ptx::ldmatrix_x4;
 using ptx::mma16816;
 
-// Dequantize one thread's 4 words (column group c, inputs k..k+3) into W[8c'..8c'+7][k'..k'+3].
+// Output n's (n = lane / 4 of an n8 tile) nibbles of words w0 (input k) and w1 (input k + 1) as
+// the B-fragment pair {W[n][k], W[n][k+1]}, dequantized as q * s + b. In a word, output n sits at
+// bit sh = 4 (n / 2) + 16 (n % 2): byte sh / 8, high nibble of it when (sh / 4) is odd. sel puts
+// that byte of w0 in byte 0 and of w1 in byte 2; hs = 4 for a high nibble.
 template <typename T>
-__device__ __forceinline__ void dequant_to_smem(const int4& wv, const T* __restrict__ szp, T* w_s, int c_local, int k_local) {
+__device__ __forceinline__ uint32_t b_pair(uint32_t w0, uint32_t w1, uint32_t sel, uint32_t hs,
+                                           typename Vec2<T>::type s2, typename Vec2<T>::type b2) {
     using T2 = typename Vec2<T>::type;
-    T2 s2[4], b2[4], w[4][4];
-    load_pair_scales<T>(szp, s2, b2);
-    dequant_quad<T>(wv, s2, b2, w);
-    store_quad_rows<T>(w, w_s + c_local * 8 * kLd + k_local, kLd);
+    const uint32_t v = __byte_perm(w0, w1, sel) >> hs;
+    const uint32_t magic = std::is_same<T, half>::value ? 0x64006400u : 0x43004300u;  // 1024 / 128
+    const uint32_t h = lop3_and_or(v, 0x000f000fu, magic);
+    const T2 q = __hsub2(*reinterpret_cast<const T2*>(&h), *reinterpret_cast<const T2*>(&magic));
+    const T2 w = __hfma2(q, s2, b2);
+    return *reinterpret_cast<const uint32_t*>(&w);
 }
 
 // One CTA's tile: rows [m0, min(m0 + BM, M)) of x / y, outputs [n0, n0 + 128), k-tiles
@@ -43,14 +52,15 @@ __device__ __forceinline__ void mma_tile(const T* __restrict__ x, const int32_t*
                                          const T* __restrict__ sz, const T* __restrict__ bias, T* __restrict__ y,
                                          float* __restrict__ partial, int m0, int M, int in, int out, int group,
                                          int n0, int kt_begin, int kt_end) {
+    using T2 = typename Vec2<T>::type;
     constexpr int S = kStages<BM>;
     __shared__ __align__(16) T a_s[S][BM * kLd];
-    __shared__ __align__(16) int4 w_raw[S][kThreads];
-    __shared__ __align__(16) T w_s[2][kBN * kLd];
+    __shared__ __align__(16) uint32_t w_raw[S][kThreads * 4];  // [16 column groups][32 inputs]
     constexpr int MT = BM / 16;  // m16 tiles per warp
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
-    // Weight loads: thread -> (column group tid / 8 of this tile, inputs 4 * (tid % 8) .. +3).
+    // Weight copies: thread -> (column group tid / 8 of this tile, inputs 4 * (tid % 8) .. +3),
+    // i.e. words [tid * 4, tid * 4 + 4) of the stage's [16][32] word array.
     const int c_local = tid >> 3, k_local = (tid & 7) * 4;
     const int c_global = n0 / 8 + c_local;
     const bool c_ok = c_global < out / 8;
@@ -70,36 +80,33 @@ __device__ __forceinline__ void mma_tile(const T* __restrict__ x, const int32_t*
             cp_async16(&a_s[stage][r * kLd + ch * 8], src, ok);
         }
     };
-    // This thread's 16 weight bytes of k-tile kt (zeros past the last column group).
-    auto load_w = [&](int stage, int kt) {
-        cp_async16(&w_raw[stage][tid], wrow + (kt * kBK + k_local) / 4, c_ok);
-    };
-    // Ring slot s of k-tile kt_begin + i is i % S; a group is committed for every slot, empty
-    // past kt_end, so cp.async.wait_group counts stay uniform.
+    // Ring slot of k-tile kt_begin + i is i % S; a group is committed for every slot, empty past
+    // kt_end, so cp.async.wait_group counts stay uniform.
     auto issue = [&](int i) {
         const int kt = kt_begin + i;
         if (kt < kt_end) {
             load_a(i % S, kt);
-            load_w(i % S, kt);
+            cp_async16(&w_raw[i % S][tid * 4], wrow + (kt * kBK + k_local) / 4, c_ok);
         }
         cp_async_commit();
     };
-    // This thread's scale pairs for input k = kt * kBK + k_local, stepped along with the k-tiles
-    // store_w visits in order (kt_begin, kt_begin + 1, ...): k / group is kept as a group
-    // pointer and a remainder instead of a 32-bit division per k-tile (~25 instructions).
-    const int k_first = kt_begin * kBK + k_local;
-    const T* szp = sz + pair_scale_offset(k_first, group, out, c_ok ? c_global : 0);
-    int sz_rem = k_first % group;
-    auto store_w = [&](int stage, const int4& wv) {
-        if (c_ok) {
-            dequant_to_smem<T>(wv, szp, w_s[stage], c_local, k_local);
-        } else {
-            const uint2 z = make_uint2(0, 0);
+
+    // This lane's B-fragment role: output n = lane / 4 of each of its 4 n8 tiles (column groups
+    // warp * 4 + j), inputs 2 (lane % 4) + {0, 1} and + 8 of each k16 half.
+    const int nl = lane >> 2, ql = lane & 3;
+    const uint32_t sh = 4u * (nl >> 1) + 16u * (nl & 1);
+    const uint32_t bp = sh >> 3, hs = ((sh >> 2) & 1u) * 4u;
+    const uint32_t sel = bp | (bp << 4) | ((bp + 4u) << 8) | ((bp + 4u) << 12);
+    // Scale / bias of output n of each tile's column group (clamped past the last group: those
+    // outputs are never stored): sz + g * out * 2 + 8c * 2 + 4 (n / 2) + n % 2, bias 2 further.
+    int sz_off[4];
 #pragma unroll
-            for (int o = 0; o < 8; ++o) *reinterpret_cast<uint2*>(w_s[stage] + (c_local * 8 + o) * kLd + k_local) = z;
-        }
-        for (sz_rem += kBK; sz_rem >= group; sz_rem -= group) szp += static_cast<size_t>(out) * 2;
-    };
+    for (int j = 0; j < 4; ++j) {
+        const int c = min(n0 / 8 + warp * 4 + j, out / 8 - 1);
+        sz_off[j] = c * 16 + 4 * (nl >> 1) + (nl & 1);
+    }
+    const T* szg = sz + static_cast<size_t>(kt_begin * kBK / group) * out * 2;  // this k-tile's group
+    int g_rem = (kt_begin * kBK) % group;
 
     float acc[MT][4][4];
 #pragma unroll
@@ -109,21 +116,23 @@ __device__ __forceinline__ void mma_tile(const T* __restrict__ x, const int32_t*
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 
-    // Prologue: k-tiles 0 .. S-2 in flight; k-tile 0's weights dequantized into W tile 0.
 #pragma unroll
     for (int i = 0; i < S - 1; ++i) issue(i);
-    if (kt_begin < kt_end) {
-        ptx::cp_async_wait<S - 2>();  // this thread's copies of k-tile 0
-        store_w(0, w_raw[0][tid]);
-    }
     for (int kt = kt_begin; kt < kt_end; ++kt) {
-        const int n = kt - kt_begin, slot = n % S, stage = n & 1;
-        // Groups committed: k-tiles 0 .. n + S - 2. Complete through n + 1: A of this k-tile (all
-        // threads' copies, published by the barrier) and this thread's weights of the next one.
-        ptx::cp_async_wait<S - 3>();
-        __syncthreads();  // also: every warp is done with slot (n - 1) % S and W tile stage ^ 1
+        const int n = kt - kt_begin, slot = n % S;
+        T2 s2[4], b2[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const T sv = szg[sz_off[j]], bv = szg[sz_off[j] + 2];
+            s2[j] = T2(sv, sv);
+            b2[j] = T2(bv, bv);
+        }
+        // Groups committed: k-tiles 0 .. n + S - 2; complete through n: this k-tile's A and
+        // weights (every thread's copies, published by the barrier).
+        ptx::cp_async_wait<S - 2>();
+        __syncthreads();  // also: every warp is done with slot (n - 1) % S
         issue(n + S - 1);
-        const bool more = kt + 1 < kt_end;
+        const uint32_t* wr = w_raw[slot] + warp * 4 * 32 + 2 * ql;
 #pragma unroll
         for (int ks = 0; ks < kBK; ks += 16) {
             uint32_t af[MT][4];
@@ -131,18 +140,19 @@ __device__ __forceinline__ void mma_tile(const T* __restrict__ x, const int32_t*
             for (int i = 0; i < MT; ++i)
                 ldmatrix_x4(af[i], &a_s[slot][(i * 16 + (lane & 15)) * kLd + ks + (lane >> 4) * 8]);
 #pragma unroll
-            for (int jp = 0; jp < 2; ++jp) {  // two n8 tiles per ldmatrix.x4
-                uint32_t bf[4];
-                const int n_row = warp * 32 + jp * 16 + (lane & 7) + ((lane >> 4) << 3);
-                ldmatrix_x4(bf, &w_s[stage][n_row * kLd + ks + ((lane >> 3) & 1) * 8]);
+            for (int j = 0; j < 4; ++j) {
+                const uint2 lo = *reinterpret_cast<const uint2*>(wr + j * 32 + ks);      // inputs 2q, 2q+1
+                const uint2 hi = *reinterpret_cast<const uint2*>(wr + j * 32 + ks + 8);  // 2q+8, 2q+9
+                const uint32_t b0 = b_pair<T>(lo.x, lo.y, sel, hs, s2[j], b2[j]);
+                const uint32_t b1 = b_pair<T>(hi.x, hi.y, sel, hs, s2[j], b2[j]);
 #pragma unroll
-                for (int i = 0; i < MT; ++i) {
-                    mma16816<T>(acc[i][jp * 2], af[i], bf[0], bf[1]);
-                    mma16816<T>(acc[i][jp * 2 + 1], af[i], bf[2], bf[3]);
-                }
+                for (int i = 0; i < MT; ++i) mma16816<T>(acc[i][j], af[i], b0, b1);
             }
         }
-        if (more) store_w(stage ^ 1, w_raw[(n + 1) % S][tid]);  // k-tile kt + 1
+        if ((g_rem += kBK) == group) {
+            g_rem = 0;
+            szg += static_cast<size_t>(out) * 2;
+        }
     }
     ptx::cp_async_wait<0>();  // no copy outlives the CTA's shared memory (the empty tail groups)
 
