@@ -16,7 +16,7 @@ namespace awq {
 namespace {
 
 template <typename T, int BM>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kMinCtas<BM>)
 grouped_mma_kernel(const T* __restrict__ x, const int32_t* __restrict__ wq, const T* __restrict__ sz,
                    const int* __restrict__ offs, T* __restrict__ y, float* __restrict__ partial, int n_exp, int rows,
                    int in, int out, int group, int k_tiles_per_split) {

@@ -8,7 +8,7 @@
 namespace awq {
 
 template <typename T, int BM>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kMinCtas<BM>)
 mma_kernel(const T* __restrict__ x, const int32_t* __restrict__ wq, const T* __restrict__ sz,
            const T* __restrict__ bias, T* __restrict__ y, float* __restrict__ partial,
            int M, int in, int out, int group, int k_tiles_per_split) {

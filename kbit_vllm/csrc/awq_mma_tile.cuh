@@ -22,6 +22,10 @@ constexpr int kThreads = 128;                                   // 4 warps, each
 // k-tiles in flight: the A ring (BM x kLd) and the weight-word ring (2 KB a stage) within 48 KB.
 template <int BM>
 constexpr int kStages = BM <= 32 ? 8 : 6;
+// Resident CTAs per SM the kernels ask registers for: BM=64 compiled to 130 registers (3 CTAs per
+// SM) and lost to the shared-W design on 4096x28672 at M=64; 4 caps it at 128.
+template <int BM>
+constexpr int kMinCtas = BM >= 64 ? 4 : 1;
 
 using ptx::cp_async16;
 using ptx::cp_async_commit;
