@@ -29,10 +29,12 @@ from .library import LIB, check, kernels_usable, sm_count
 from .scratch import scratch
 
 # (largest M for the GEMV kernel, largest M for the MMA kernel) per compute capability, from
-# benchmarks/bench_awq.py on the H200 (benchmarks/RESULTS.md): summed over the Llama shapes GEMV
-# wins at M=4 and MMA at M=8 (the GEMV grows with M, the MMA is flat), so the switch sits between;
+# benchmarks/bench_awq.py on the H200 (benchmarks/RESULTS.md): the GEMV grows with M, the MMA is
+# flat. Since the register-B MMA tile (session 6) the MMA wins from M=5: summed over the four
+# Llama-3-8B layers, M=5 warp GEMV 131.7 vs MMA 109.1 us, M=6 142.9 vs 108.7 (seed-002 shapes
+# 40.8 vs 37.9 at M=5); the stream-K GEMV keeps M <= 4 (M=4 4096x6144: 11.4 vs 17.8 us).
 # dequant + cuBLAS wins past M=64. Other archs use the sm_90 row.
-DISPATCH = {90: (6, 64)}
+DISPATCH = {90: (4, 64)}
 _SUFFIX = SUFFIX
 
 
