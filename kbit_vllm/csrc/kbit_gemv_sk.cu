@@ -112,6 +112,9 @@ __device__ __forceinline__ void sk_store_rows(T* __restrict__ y, const T* __rest
 constexpr int kStageXBlocks = 512;
 constexpr int kStageXMinUnits = 12;
 
+// Word offset in the table of staged x block jb (see XS below): the right half of row jb / 2.
+__device__ __forceinline__ int staged_x_word(int jb) { return (jb >> 1) * 64 + 32 + (jb & 1) * 16; }
+
 // XS (bf16, M = 1, nb <= kStageXBlocks): the CTA stages the x blocks of its own units once as
 // scaled fp16 in the unused right half of the table's 256-byte rows (block j's 64 bytes at row
 // j / 2, byte 128 + 64 (j & 1)), so the unit loop reads x from shared memory instead of every lane
@@ -155,7 +158,7 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
             int jb = jb0 + (q >> 4);
             if (jb >= nb) jb -= nb;
             const uint32_t v = __ldg(xw + jb * 16 + (q & 15));
-            tbl[(jb >> 1) * 64 + 32 + (jb & 1) * 16 + (q & 15)] = v;
+            tbl[staged_x_word(jb) + (q & 15)] = v;
             const float2 f = bf16x2_to_float2(v);
             mx[0] = fmaxf(mx[0], fmaxf(fabsf(f.x), fabsf(f.y)));
         }
@@ -163,7 +166,7 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
         for (int q = threadIdx.x; q < span * 16; q += blockDim.x) {
             int jb = jb0 + (q >> 4);
             if (jb >= nb) jb -= nb;
-            uint32_t& slot = tbl[(jb >> 1) * 64 + 32 + (jb & 1) * 16 + (q & 15)];
+            uint32_t& slot = tbl[staged_x_word(jb) + (q & 15)];
             slot = bf16x2_to_scaled_h2(slot, xscale[0]);
         }
         __syncthreads();
@@ -190,7 +193,7 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
         uint32_t an = 0;
         if (u + 1 < u1) sk_load<K>(packed_t, absmax_t, u + 1, lane, pn, an);
         if constexpr (XS) {
-            const uint4* xs = reinterpret_cast<const uint4*>(tbl + (j >> 1) * 64 + 32 + (j & 1) * 16);
+            const uint4* xs = reinterpret_cast<const uint4*>(tbl + staged_x_word(j));
             sk_unit<T, K, M, false, true>(p, a, xs, xoff, tblc, lane4, acc);
         } else {
             sk_unit<T, K, M, !std::is_same<T, half>::value>(p, a, x4 + j * 4, xoff, tblc, lane4, acc, xscale);
