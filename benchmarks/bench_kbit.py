@@ -117,6 +117,8 @@ def bench_shape(name: str, in_f: int, out_f: int, ks: list[int], ms: list[int], 
             paths = (["gemv_sk", "gemv_cluster"] if small and k <= 4 else ["gemv_cluster"] if small else []) + [
                 "mma"] + (MMA_VARIANT_PATHS if mma_variants else []) + (["dequant"] if m >= 8 else [])
             for path in paths:
+                if not cuda_ops.mma_variant_ok(cuda_ops.MMA_VARIANTS.get(path, 0), k, m):
+                    continue
                 def mk(c, path=path, x=x, cb=cb, k=k):
                     return lambda: cuda_ops.linear_path(x, c[0], c[1], cb, None, k, out_f, path)
                 try:

@@ -122,7 +122,7 @@ def test_linear_all_paths(k, dtype, in_f, out_f):
 # output stores, a padded last tile), nb odd or below a stage (the variants' generic last-stage
 # load), one row tile split over CTAs and CTAs over several row tiles.
 MMA_VARIANT_SHAPES = ((4000, 1001), (96, 777), (32, 4101), (1312, 2053))
-MMA_VARIANT_MS = (17, 33, 64, 100)
+MMA_VARIANT_MS = (5, 16, 17, 32, 33, 64, 100)
 
 
 @pytest.mark.parametrize("k", KS)
@@ -139,6 +139,8 @@ def test_mma_variants_match_reference(k, dtype, in_f, out_f):
         x = torch.randn(m, in_f, device=DEV, dtype=dtype)
         b = bias if m % 2 else None
         for path in ("mma", *cuda_ops.MMA_VARIANTS):
+            if not cuda_ops.mma_variant_ok(cuda_ops.MMA_VARIANTS.get(path, 0), k, m):
+                continue
             poison_allocator(m * out_f * 2)
             y = cuda_ops.linear_path(x, pt, at, cb, b, k, out_f, path)
             _check_linear(y, x, w64, b, dtype)
@@ -242,7 +244,7 @@ def test_deterministic_mode(m, dtype, in_f, out_f, monkeypatch):
         assert torch.equal(again, first), f"call {i + 2}: {int((again != first).sum())} outputs differ"
 
 
-@pytest.mark.parametrize("path", ("mma_tw1", "mma_tw2", "mma_v1", "mma_v2", "mma_v3", "mma_v4"))
+@pytest.mark.parametrize("path", ("mma_tw1", "mma_tw2", "mma_v1", "mma_v2", "mma_v3", "mma_v4", "mma_v5"))
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_mma_deterministic_stream_k(path, dtype, monkeypatch):
     """Deterministic mode: the stream-K MMA's partial row tiles are summed in CTA order from
@@ -256,6 +258,8 @@ def test_mma_deterministic_stream_k(path, dtype, monkeypatch):
         w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64)
         bias = torch.randn(out_f, device=DEV, dtype=dtype)
         for m in (5, 16, 40, 64, 100):
+            if not cuda_ops.mma_variant_ok(cuda_ops.MMA_VARIANTS.get(path, 0), k, m):
+                continue
             x = torch.randn(m, in_f, device=DEV, dtype=dtype)
             first = cuda_ops.linear_path(x, pt, at, cb, bias, k, out_f, path)
             _check_linear(first, x, w64, bias, dtype)

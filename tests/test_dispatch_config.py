@@ -30,3 +30,24 @@ def test_grouped_mma_tile_halves_below_one_tile_per_sm(rows: int, n_exp: int, n:
 
 def test_grouped_mma_forced_tile_is_kept() -> None:
     assert grouped_mma_config(64 * 8, 8, 512, 64, H200_SMS, bm=64)[0] == 64
+
+
+def test_kbit_mma_variant_by_rows_and_bits() -> None:
+    """The "mma" path runs variant 5 (2 CTAs/SM, x in the table's spare halves) for k <= 4 up to
+    dispatch.MMA_V5_MAX_M rows, which its instantiations cover; k = 5 and more rows keep v2."""
+    from kbit_vllm.backends.cuda.ops import mma_variant_ok
+
+    assert dispatch.MMA_V5_MAX_M > 0
+    assert dispatch.mma_variant(8, 4) == 5 and dispatch.mma_variant(dispatch.MMA_V5_MAX_M, 2) == 5
+    assert mma_variant_ok(5, 4, dispatch.MMA_V5_MAX_M)
+    assert dispatch.mma_variant(8, 5) == dispatch.MMA_VARIANT
+    assert dispatch.mma_variant(dispatch.MMA_V5_MAX_M + 1, 4) == dispatch.MMA_VARIANT
+    assert not mma_variant_ok(5, 5, 8)
+
+
+def test_kbit_gemv_rows_by_bits() -> None:
+    """H200: M = 4 runs the MMA (variant 5) for k <= 4, while k = 5 (no variant 5) keeps the GEMV."""
+    assert dispatch.choose_path(3, (9, 0), 4096 * 4096, 4) == "gemv"
+    assert dispatch.choose_path(4, (9, 0), 4096 * 4096, 4) == "mma"
+    assert dispatch.choose_path(4, (9, 0), 4096 * 4096, 5) == "gemv"
+    assert dispatch.choose_path(5, (9, 0), 4096 * 4096, 5) == "mma"

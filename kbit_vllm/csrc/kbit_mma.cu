@@ -53,34 +53,49 @@ constexpr int kMmaWarps = kMmaThreads / 32;
 //   v3: v0 with fragment-order partials only (the smallest change to the default).
 //   v4: 2 blocks, 4 stages, 2 CTAs/SM, fast loads, scale table (some pointer spills at 128
 //       registers).
+//   v5 (k <= 4, mb 1 / 2): v4 with the wide pair table, whose unused right halves (128 bytes of
+//       each 256-byte row) hold the stages' x rows (kXInLut: x row r of a stage slot is a right
+//       half, 256 bytes from the next), so 2 CTAs of 8 warps fit per SM beside the 64 KB table.
+//       mb 1 serves M <= 16 without the zero rows of a 32-row tile.
 template <int V>
 struct MmaVar;
 template <>
 struct MmaVar<0> {
     static constexpr int kBK = 2, kStages = 4, kMinBlocks = 2;
     static constexpr bool kFastLoad = false, kScaleLut = false, kWideLut = false;
+    static constexpr bool kXInLut = false;
 };
 template <>
 struct MmaVar<1> {
     static constexpr int kBK = 2, kStages = 6, kMinBlocks = 1;
     static constexpr bool kFastLoad = true, kScaleLut = true, kWideLut = true;
+    static constexpr bool kXInLut = false;
 };
 template <>
 struct MmaVar<2> {
     static constexpr int kBK = 4, kStages = 4, kMinBlocks = 1;
     static constexpr bool kFastLoad = true, kScaleLut = true, kWideLut = true;
+    static constexpr bool kXInLut = false;
 };
 template <>
 struct MmaVar<3> {
     static constexpr int kBK = 2, kStages = 4, kMinBlocks = 2;
     static constexpr bool kFastLoad = false, kScaleLut = false, kWideLut = false;
+    static constexpr bool kXInLut = false;
 };
 template <>
 struct MmaVar<4> {
     static constexpr int kBK = 2, kStages = 4, kMinBlocks = 2;
     static constexpr bool kFastLoad = true, kScaleLut = true, kWideLut = false;
+    static constexpr bool kXInLut = false;
 };
-constexpr int kMmaVariants = 5;
+template <>
+struct MmaVar<5> {
+    static constexpr int kBK = 2, kStages = 4, kMinBlocks = 2;
+    static constexpr bool kFastLoad = true, kScaleLut = true, kWideLut = true;
+    static constexpr bool kXInLut = true;
+};
+constexpr int kMmaVariants = 6;
 
 // Quantization blocks per stage of variant v (0 for an unknown variant).
 constexpr int mma_stage_blocks_of(int v) {
@@ -89,6 +104,7 @@ constexpr int mma_stage_blocks_of(int v) {
            : v == 2 ? MmaVar<2>::kBK
            : v == 3 ? MmaVar<3>::kBK
            : v == 4 ? MmaVar<4>::kBK
+           : v == 5 ? MmaVar<5>::kBK
                     : 0;
 }
 
@@ -122,7 +138,11 @@ struct MmaCfg {
     static constexpr int kPairWords = kWideLut ? kWideLutWords : kLutWords;  // pair table words
     static constexpr int kLutBytes = (kLut ? kPairWords * 4 : 0) + (kScaleLut ? 256 * 4 : 0);  // pair + scale tables
     static constexpr int kBWords = TW * kBK * K * kTileN;  // per stage: [TW][BK][K][128]
-    static constexpr int kABytes = kRows * kBK * 32 * 2;   // per stage (16-bit x)
+    // x rows: in the stage (128 bytes apart) or, kXInLut, in the pair table's right halves (one
+    // row per table row, 256 bytes apart; slot s starts at table row s * kHalves * kRows).
+    static constexpr bool kXInLut = kWideLut && MmaVar<V>::kXInLut;
+    static constexpr int kARowBytes = kXInLut ? 256 : 128;
+    static constexpr int kABytes = kXInLut ? 0 : kRows * kBK * 32 * 2;  // per stage (16-bit x)
     static constexpr int kAbsBytes = TW * kBK * kTileN;    // per stage: [TW][BK][128]
     static constexpr int kStageBytes = kBWords * 4 + kABytes + kAbsBytes;
     static constexpr int kBytes = kLutBytes + kStageBytes * kStages;
@@ -130,6 +150,7 @@ struct MmaCfg {
     static_assert(kBK % 2 == 0 && kStageBytes % 16 == 0 && kLutBytes % 16 == 0 && kNS * 8 * kWarpsPerTile == kTileN,
                   "bad MMA tile");
     static_assert(!kScaleLut || kMmaThreads == 256, "one scale table entry per thread");
+    static_assert(!MmaVar<V>::kXInLut || K > 4 || kStages * kHalves * kRows <= 256, "x slots past the table");
 };
 
 // NS adjacent plane words / absmax bytes of one lane (NS = 2 or 4).
@@ -220,7 +241,15 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW, V>::kMinBlocks)
     constexpr int kAbsTileChunks = kBK * kTileN / 16;
     // Every address computed from (row tile, stage): all of variant 0's loads, and the other
     // variants' last stage of a row tile when nb is no multiple of kBK (jn < kBK blocks).
-    auto load_generic = [&](unsigned char* base, int mt, int t0, int j0) {
+    // Shared address of x row 0, half 0 of stage slot `slot` (rows kARowBytes apart).
+    auto a_slot = [&](int slot) -> uint32_t {
+        if constexpr (S::kXInLut) {
+            return smem_u32(smem_mma) + static_cast<uint32_t>(slot * S::kHalves * S::kRows * 256 + 128);
+        } else {
+            return smem_u32(stages + slot * S::kStageBytes + S::kBWords * 4);
+        }
+    };
+    auto load_generic = [&](unsigned char* base, int slot, int mt, int t0, int j0) {
         const int jn = min(kBK, nb - j0);  // valid blocks in this stage
 #pragma unroll
         for (int tw = 0; tw < TW; ++tw) {
@@ -240,7 +269,7 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW, V>::kMinBlocks)
         }
         // x rows mt*kRows.., 32 * kBK elements from column j0*32, as kHalves tiles of 64 columns:
         // 8 chunks of 16 B per row and half, swizzled.
-        unsigned char* a_s = base + S::kBWords * 4;
+        const uint32_t a_s = a_slot(slot);
         const int m0 = mt * S::kRows;
         constexpr int kHalfChunks = S::kRows * 8;
         constexpr int kAChunks = kHalfChunks * S::kHalves;
@@ -250,7 +279,7 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW, V>::kMinBlocks)
             const bool ok = (m0 + r < M) && (h * 8 + ch < jn * 4);
             const T* src =
                 ok ? x + static_cast<size_t>(m0 + r) * in_f + static_cast<size_t>(j0) * 32 + (h * 8 + ch) * 8 : x;
-            cp_async16(a_s + h * (kHalfChunks * 16) + r * 128 + ((ch ^ (r & 7)) << 4), src, ok);
+            cp_async16_zf(a_s + (h * S::kRows + r) * S::kARowBytes + ((ch ^ (r & 7)) << 4), src, ok ? 0u : 1u);
         }
     };
 
@@ -260,8 +289,9 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW, V>::kMinBlocks)
     // advanced by constant strides, to fixed shared offsets of the stage slot.
     constexpr bool kFast = MmaVar<V>::kFastLoad;
     constexpr int kBPer = kFast ? (kTileChunks + kMmaThreads - 1) / kMmaThreads : 1;  // chunks per thread and tile
-    constexpr int kXRows = kFast ? MB / 2 : 1;  // x rows per thread (chunk rows tid/8 + 32j)
-    static_assert(!kFast || (MB % 2 == 0 && kAbsChunks <= kMmaThreads), "fast loads: MB 2 or 4");
+    constexpr int kXRows = kFast ? (MB + 1) / 2 : 1;  // x rows per thread (chunk rows tid/8 + 32j)
+    constexpr bool kXHalfThreads = kFast && MB == 1;  // 16 rows: threads 0..127 copy x
+    static_assert(!kFast || ((MB % 2 == 0 || MB == 1) && kAbsChunks <= kMmaThreads), "fast loads: MB 1, 2 or 4");
     const uint32_t* pb[TW];
     uint32_t zfb[TW];
     const uint8_t* pa = absmax_t;
@@ -273,7 +303,7 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW, V>::kMinBlocks)
     // tid * 16 + i * 4096; absmax at kBWords * 4 + kABytes + tid * 16; x row j, half h at
     // kBWords * 4 + h * kRows * 128 + j * 4096 + xoff.
     const int xr = tid >> 3, xch = tid & 7;
-    const uint32_t xoff = static_cast<uint32_t>(xr * 128 + ((xch ^ (xr & 7)) << 4));
+    const uint32_t xoff = static_cast<uint32_t>(xr * S::kARowBytes + ((xch ^ (xr & 7)) << 4));
     auto fast_setup = [&](int mt, int t0, int j0) {
 #pragma unroll
         for (int tw = 0; tw < TW; ++tw) {
@@ -295,7 +325,7 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW, V>::kMinBlocks)
             zfx[j] = ok ? 0u : 1u;
         }
     };
-    auto fast_issue = [&](uint32_t sb) {
+    auto fast_issue = [&](uint32_t sb, int slot) {
 #pragma unroll
         for (int tw = 0; tw < TW; ++tw)
 #pragma unroll
@@ -305,11 +335,13 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW, V>::kMinBlocks)
                                   zfb[tw]);
         if (kAbsChunks == kMmaThreads || tid < kAbsChunks)
             cp_async16_zf(sb + S::kBWords * 4 + S::kABytes + tid * 16, pa, zfa);
+        const uint32_t xa_s = a_slot(slot) + xoff;
 #pragma unroll
         for (int h = 0; h < S::kHalves; ++h)
 #pragma unroll
             for (int j = 0; j < kXRows; ++j)
-                cp_async16_zf(sb + S::kBWords * 4 + h * S::kRows * 128 + j * 32 * 128 + xoff, px[j] + h * 64, zfx[j]);
+                if (!kXHalfThreads || tid < S::kRows * 8)
+                    cp_async16_zf(xa_s + (h * S::kRows + j * 32) * S::kARowBytes, px[j] + h * 64, zfx[j]);
 #pragma unroll
         for (int tw = 0; tw < TW; ++tw) pb[tw] += kBK * K * kTileN;
         pa += kBK * kTileN;
@@ -331,13 +363,13 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW, V>::kMinBlocks)
         }
         if constexpr (kFast) {
             if (j0 + kBK <= nb) {
-                fast_issue(stages_s + slot * S::kStageBytes);
+                fast_issue(stages_s + slot * S::kStageBytes, slot);
             } else {
-                load_generic(base, mt, t0, j0);
+                load_generic(base, slot, mt, t0, j0);
             }
             if (row_end) fast_setup(l_mt, l_t0, 0);
         } else {
-            load_generic(base, mt, t0, j0);
+            load_generic(base, slot, mt, t0, j0);
         }
     };
 
@@ -414,13 +446,13 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW, V>::kMinBlocks)
             if constexpr (V != 0) rd_slot = rd_slot == kStages - 1 ? 0 : rd_slot + 1;
             const unsigned char* base = stages + slot * S::kStageBytes;
             const uint32_t* b_s = reinterpret_cast<const uint32_t*>(base) + tw_w * kBK * K * kTileN;
-            const uint32_t a_base = smem_u32(base + S::kBWords * 4);
+            const uint32_t a_base = a_slot(slot);
             const uint8_t* abs_s = base + S::kBWords * 4 + S::kABytes + tw_w * kBK * kTileN;
             const int c0 = wbase + NS * col8;  // column in the layout tile
 #pragma unroll
             for (int blk = 0; blk < kBK; ++blk) {
                 // x half of this block and the block's place in it
-                const uint32_t a_half = a_base + (blk >> 1) * S::kRows * 128;
+                const uint32_t a_half = a_base + (blk >> 1) * S::kRows * S::kARowBytes;
                 const int hb = blk & 1;
                 using Wd = Words<NS>;
                 typename Wd::V pw[K];
@@ -464,7 +496,7 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW, V>::kMinBlocks)
                             bf[s][0] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + o0), s2[s]);
                             bf[s][1] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + o1), s2[s]);
                         }
-                        mma_k16<T, MB, NS>(acc, a_half, 0, hb, kk, lane, bf);
+                        mma_k16<T, MB, NS, S::kARowBytes>(acc, a_half, 0, hb, kk, lane, bf);
                     }
                 } else {
                     uint32_t bf[NS][4];  // [n8 sub-tile][b0, b1 of k16 #0, b0, b1 of k16 #1]
@@ -480,7 +512,7 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW, V>::kMinBlocks)
                         uint32_t bk[NS][2];
 #pragma unroll
                         for (int s = 0; s < NS; ++s) bk[s][0] = bf[s][2 * kk], bk[s][1] = bf[s][2 * kk + 1];
-                        mma_k16<T, MB, NS>(acc, a_half, 0, hb, kk, lane, bk);
+                        mma_k16<T, MB, NS, S::kARowBytes>(acc, a_half, 0, hb, kk, lane, bk);
                     }
                 }
             }
@@ -670,7 +702,8 @@ int launch_mma_kmt(const void* x, const void* pt, const uint8_t* at, const float
 }
 
 // Returns CALL(k, mb, tw, variant) for an instantiated (k, mb, tw, variant); falls through
-// otherwise. Variant 0: every k, mb 1/2/4, tw 1/2; variants 1..4: every k, mb 2/4, tw 2.
+// otherwise. Variant 0: every k, mb 1/2/4, tw 1/2; variants 1..4: every k, mb 2/4, tw 2;
+// variant 5: k 2..4, mb 1/2, tw 2.
 #define KBIT_MMA_DISPATCH(CALL)                                                         \
     if (k < 2 || k > 5 || (mb != 1 && mb != 2 && mb != 4) || (tw != 1 && tw != 2)) {   \
     } else if (variant == 0) switch (k * 100 + mb * 10 + tw) {                          \
@@ -704,6 +737,9 @@ int launch_mma_kmt(const void* x, const void* pt, const uint8_t* at, const float
         case 4322: return CALL(3, 2, 2, 4); case 4342: return CALL(3, 4, 2, 4);         \
         case 4422: return CALL(4, 2, 2, 4); case 4442: return CALL(4, 4, 2, 4);         \
         case 4522: return CALL(5, 2, 2, 4); case 4542: return CALL(5, 4, 2, 4);         \
+        case 5212: return CALL(2, 1, 2, 5); case 5222: return CALL(2, 2, 2, 5);         \
+        case 5312: return CALL(3, 1, 2, 5); case 5322: return CALL(3, 2, 2, 5);         \
+        case 5412: return CALL(4, 1, 2, 5); case 5422: return CALL(4, 2, 2, 5);         \
         default: break;                                                                 \
     }
 

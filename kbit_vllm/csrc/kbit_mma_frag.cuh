@@ -38,8 +38,9 @@ __device__ __forceinline__ void shfl_b4(const uint32_t (&p)[K], int g, float cbl
 }
 
 // acc[i][s] += x rows row0 + 16 i .. + 15 times B sub-tile s (registers b[s][0], b[s][1]) over
-// k16 half kk of quantization block blk of the staged x tile at shared address a_base.
-template <typename T, int MT, int NS>
+// k16 half kk of quantization block blk of the staged x tile at shared address a_base (rows
+// kRowBytes apart).
+template <typename T, int MT, int NS, int kRowBytes = 128>
 __device__ __forceinline__ void mma_k16(float (&acc)[MT][NS][4], uint32_t a_base, int row0, int blk, int kk,
                                         int lane, const uint32_t (&b)[NS][2]) {
 #pragma unroll
@@ -47,7 +48,7 @@ __device__ __forceinline__ void mma_k16(float (&acc)[MT][NS][4], uint32_t a_base
         const int r = row0 + i * 16 + (lane & 15);
         const int ch = blk * 4 + kk * 2 + (lane >> 4);
         uint32_t af[4];
-        ptx::ldmatrix_x4(af, a_base + r * 128 + ((ch ^ (r & 7)) << 4));
+        ptx::ldmatrix_x4(af, a_base + r * kRowBytes + ((ch ^ (r & 7)) << 4));
 #pragma unroll
         for (int s = 0; s < NS; ++s) ptx::mma16816<T>(acc[i][s], af, b[s][0], b[s][1]);
     }

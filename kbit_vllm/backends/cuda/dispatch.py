@@ -28,11 +28,14 @@ def pdl() -> bool:
 
 
 # (major, minor) -> (gemv_max_m, mma_max_m)
+# H200 session 7: with MMA variant 5, M=4 runs the MMA; k=4 fp16 µs GEMV (op) / MMA: Llama-3-8B
+# layers summed 80.1 / 80.2 (4096x28672 34.6 / 38.3, 14336x4096 21.0 / 20.4), seed-002 shapes summed
+# 45.2 / 35.5. At M=2 the GEMV still wins on the large layers (28.4 / 39.9, 17.6 / 21.0).
 THRESHOLDS: dict[tuple[int, int], tuple[int, int]] = {
     # H200, benchmarks/RESULTS.md 2026-11-21 (one-wave MMA rewrite), k=4 fp16/bf16, summed over the
     # four Llama-3-8B layers: the MMA beats dequant + cuBLAS at M=32 (165 vs 279 us) and M=64 (242 vs
     # 273 us; it loses on 4096x6144 / 4096x4096 there and wins on the two large layers).
-    (9, 0): (4, 64),
+    (9, 0): (3, 64),
 }
 DEFAULT = (4, 16)
 GEMV_MAX_M = 4  # the GEMV kernel is instantiated for M = 1..4
@@ -72,17 +75,29 @@ MMA_SMALL_LAYER_M = 32
 MMA_SMALL_LAYER = 12 * 1024 * 1024
 
 
-def choose_path(m: int, capability: tuple[int, int], weights: int | None = None) -> str:
-    """'gemv', 'mma' or 'dequant' for an activation with m rows (weights: in x out of the layer)."""
+def choose_path(m: int, capability: tuple[int, int], weights: int | None = None, k: int = 4) -> str:
+    """'gemv', 'mma' or 'dequant' for an activation with m rows of a k-bit layer (weights: in x out
+    of the layer). k = 5 keeps the GEMV up to GEMV_MAX_M rows: the table thresholds assume the MMA
+    variant 5, which covers k <= 4 only."""
     gemv_max, mma_max = thresholds(capability)
-    if m <= min(gemv_max, GEMV_MAX_M):
+    if m <= (min(gemv_max, GEMV_MAX_M) if k <= 4 else GEMV_MAX_M):
         return "gemv"
     small = weights is not None and weights <= MMA_SMALL_LAYER
     return "mma" if m <= mma_max and not (m > MMA_SMALL_LAYER_M and small) else "dequant"
 
 
-def mma_variant(m: int) -> int:
-    """Kernel variant of the "mma" path for m rows (0: the default kernel)."""
+# Rows up to which the "mma" path takes variant 5 for k <= 4 (2 CTAs per SM, x staged in the pair
+# table's spare right halves, 16-row tiles up to M = 16). H200 2026-11-21 session 7, k=4 fp16,
+# µs v2 / v5: M=8 4096x28672 48.1 / 38.3, 14336x4096 26.5 / 20.4, 4096x6144 15.5 / 11.8,
+# 4096x4096 12.8 / 10.0 (M=16 the same within 1 µs, bf16 too); M=32 (32-row tiles) 50.1 / 50.6,
+# 27.7 / 26.3, 16.7 / 16.1, 13.6 / 14.0 (summed 108.1 / 107.0).
+MMA_V5_MAX_M = 32
+
+
+def mma_variant(m: int, k: int = 4) -> int:
+    """Kernel variant of the "mma" path for m rows of a k-bit layer (0: the default kernel)."""
+    if k <= 4 and m <= MMA_V5_MAX_M:
+        return 5
     return MMA_VARIANT if m >= MMA_VARIANT_MIN_M else 0
 
 

@@ -99,8 +99,17 @@ MMA_TW = {1: 2, 2: 2, 4: 2}  # mb -> 128-feature layout tiles per row tile (1 or
 # accumulator-fragment order (no accumulator moves in the main loop). v1: 1 CTA/SM (255
 # registers), 6 stages, per-thread load pointers, a shared table of block scales; v2: v1 with 4
 # blocks per stage and 4 stages; v3: the default otherwise; v4: load pointers and scale table at
-# the default 2 CTAs/SM and 4 stages.
-MMA_VARIANTS = {"mma_v1": 1, "mma_v2": 2, "mma_v3": 3, "mma_v4": 4}
+# the default 2 CTAs/SM and 4 stages; v5 (k <= 4, M <= 32, mb 1 or 2): v4 with the wide pair table,
+# the stages' x rows in its unused right halves (2 CTAs/SM).
+MMA_VARIANTS = {"mma_v1": 1, "mma_v2": 2, "mma_v3": 3, "mma_v4": 4, "mma_v5": 5}
+# Variant 5 is instantiated for mb 1 and 2: with mb 4 (M <= 64) it spilled at 2 CTAs/SM and lost to
+# v2 (H200 session 7, M=64 4096x28672 80.3 vs 69.6 µs, 14336x4096 40.6 vs 37.3).
+MMA_V5_MAX_M = 32
+
+
+def mma_variant_ok(variant: int, k: int, m: int) -> bool:
+    """Whether the MMA kernel variant is instantiated for k bits and m rows."""
+    return variant != 5 or (k <= 4 and m <= MMA_V5_MAX_M)
 _MMA_OCC: dict[tuple[int, int, int, int, str, int], int] = {}
 _MMA_BK: dict[int, int] = {0: 2}  # the default kernel: 2 blocks per stage, known without a library call
 
@@ -124,11 +133,14 @@ def mma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int,
 
     tw = 2 halves the x fragments each warp reads from shared memory per weight (8 warps all read
     the whole x tile) at the cost of 2x the B registers; it is the default until measured.
-    variant != 0 (the dispatched "mma" path and the mma_v* forced paths) has mb 2 or 4 and tw 2."""
+    variant != 0 (the dispatched "mma" path and the mma_v* forced paths) has mb 2 or 4 and tw 2;
+    variant 5 has mb 1 or 2 (k <= 4, M <= 32) and tw 2."""
+    if not mma_variant_ok(variant, k, m):
+        raise ValueError(f"kbit_linear MMA variant {variant} takes k <= 4 and M <= {MMA_V5_MAX_M}, got k={k}, M={m}")
     mb = next((b for b in MMA_MB if m <= 16 * b), MMA_MB[-1])
     tw = tw or MMA_TW[mb]
     if variant:
-        mb, tw = max(mb, 2), 2
+        mb, tw = (mb if variant == 5 else max(mb, 2)), 2
     key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, mb, tw, sfx, variant)
     if key not in _MMA_OCC:
         if variant:
@@ -229,7 +241,7 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
         return y
     if path not in ("mma", "mma_tw1", "mma_tw2", *MMA_VARIANTS):
         raise ValueError(f"unknown kbit_linear path {path!r}")
-    variant = dispatch.mma_variant(m) if path == "mma" else MMA_VARIANTS.get(path, 0)
+    variant = dispatch.mma_variant(m, k) if path == "mma" else MMA_VARIANTS.get(path, 0)
     forced_tw = None if path == "mma" or variant else int(path[-1])
     mb, tw, ctas, units = mma_config(dev, sfx, k, m, out_features, nb, forced_tw, variant)
     det = dispatch.deterministic()
@@ -263,7 +275,7 @@ def kbit_linear(x: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch
     if not x2.is_contiguous() or x2.data_ptr() % 16:
         x2 = x2.contiguous() if not x2.is_contiguous() else x2.clone()
     dev = x.device
-    path = dispatch.choose_path(x2.shape[0], torch.cuda.get_device_capability(dev), x2.shape[1] * out_features)
+    path = dispatch.choose_path(x2.shape[0], torch.cuda.get_device_capability(dev), x2.shape[1] * out_features, k)
     with torch.cuda.device(dev):
         y = linear_path(x2, packed_tiled.contiguous(), absmax_tiled.contiguous(), codebook.contiguous(),
                         None if bias is None else bias.contiguous(), k, out_features, path)
