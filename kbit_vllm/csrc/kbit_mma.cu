@@ -34,7 +34,8 @@ constexpr int kMmaThreads = 256;
 constexpr int kMmaWarps = kMmaThreads / 32;
 
 // Variants of the kernel, selected at run time so they can be timed side by side (variant 0 is
-// the default; the others are reached only through the forced paths "mma_v1".."mma_v4").
+// the plain kernel; backends/cuda/dispatch.py runs v5 and v2, the forced paths "mma_v1".."mma_v5"
+// any of them).
 // kBK: quantization blocks per stage (unit); kStages: cp.async stages; kMinBlocks: the
 // __launch_bounds__ minimum (2: 128-register cap, 1: 255); kFastLoad: each thread keeps its
 // stage-load source pointers and zero-fill flags per row tile and advances the pointers by

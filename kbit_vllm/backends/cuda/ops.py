@@ -93,9 +93,9 @@ def kbit_unrepack(packed_tiled: torch.Tensor, absmax_tiled: torch.Tensor, k: int
 
 MMA_MB = (1, 2, 4)  # x rows per row tile / 16 (csrc/kbit_mma.cu instantiations)
 MMA_TW = {1: 2, 2: 2, 4: 2}  # mb -> 128-feature layout tiles per row tile (1 or 2)
-# Forced paths -> kernel variants of csrc/kbit_mma.cu (MmaVar), instantiated for mb 2 / 4 and
-# tw 2 only, timed beside the default (variant 0) by bench_kbit.py --mma-variants; the "mma" path
-# runs dispatch.mma_variant(m) (v2, measured fastest at every M). All keep partial row tiles in
+# Forced paths -> kernel variants of csrc/kbit_mma.cu (MmaVar), instantiated for tw 2 and mb 2 / 4
+# (v5: mb 1 / 2), timed beside the default (variant 0) by bench_kbit.py --mma-variants; the "mma"
+# path runs dispatch.mma_variant(m, k) (v5 to M = 32 for k <= 4, else v2). All keep partial row tiles in
 # accumulator-fragment order (no accumulator moves in the main loop). v1: 1 CTA/SM (255
 # registers), 6 stages, per-thread load pointers, a shared table of block scales; v2: v1 with 4
 # blocks per stage and 4 stages; v3: the default otherwise; v4: load pointers and scale table at
