@@ -50,14 +50,18 @@ static int sm_count() {
     return sms > 0 ? sms : 1;
 }
 
-// Split count so that the grid covers ~2 waves, each split keeping >= 4 k-tiles.
+// Split count: about 6 CTAs per SM (the tile is latency-bound, so more resident CTAs run faster
+// even past one wave), each split keeping >= 16 k-tiles (two passes of the 8-stage ring), and at
+// most 16 splits (past that the partial sums and their reduction cost more than they gain). H200
+// session 7 (benchmarks/RESULTS.md), g128 fp16 M=8 µs, old rule (~2 CTAs per SM) -> this one:
+// 4096x6144 6 -> 8 splits 15.9 -> 13.4, 4096x28672 2 -> 4 51.0 -> 45.1, 14336x4096 9 -> 16
+// ~30 -> 25.1 (24 splits: 26.9).
 int mma_splits(int m, int in, int out) {
     const int bm = m <= 16 ? 16 : (m <= 32 ? 32 : 64);
     const int tiles = ((out + kBN - 1) / kBN) * ((m + bm - 1) / bm);
     const int k_tiles = in / kBK;
-    int splits = (2 * sm_count() + tiles - 1) / tiles;
-    splits = max(1, min(splits, k_tiles / 4));
-    return splits;
+    const int splits = (6 * sm_count() + tiles - 1) / tiles;
+    return max(1, min(min(splits, 16), k_tiles / 16));
 }
 
 template <typename T>
