@@ -19,3 +19,16 @@ def poison_allocator(nbytes: int) -> None:
     hands out next start as NaN (fp16, bf16, fp32) or -1 (integers): an element a kernel never
     writes shows up."""
     torch.empty(nbytes + 2048, dtype=torch.uint8, device="cuda").fill_(0xFF)
+
+
+def max_norm_rel_err(y: torch.Tensor, want: torch.Tensor) -> float:
+    """max |y - want| / max |want| in float64 (the denominator floored at 1e-6): the error bound the
+    CUDA kernel tests check against their float64 references."""
+    return float((y.double() - want.double()).abs().max() / want.double().abs().max().clamp_min(1e-6))
+
+
+def assert_close_max_norm(y: torch.Tensor, want: torch.Tensor, tol: float, what: str = "output") -> None:
+    """y has no NaN (an unwritten, poisoned output) and its max-norm relative error is below tol."""
+    assert not torch.isnan(y).any(), f"{what}: NaN output (unwritten, or an input read too early)"
+    err = max_norm_rel_err(y, want)
+    assert err < tol, f"{what}: max-norm relative error {err:.3g}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cuda_helpers import poison_allocator
+from cuda_helpers import max_norm_rel_err, poison_allocator
 
 import kbit_vllm
 from kbit_vllm import ops
@@ -30,10 +30,6 @@ def _w64(qw, qz, s, gs):
     return ((q - z) * s.double().repeat_interleave(gs, dim=0)).t()
 
 
-def _rel(y, ref):
-    return float((y.double() - ref).abs().max() / ref.abs().max())
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("gs,in_f", [(32, 320), (64, 320), (128, 384), (128, 4096)])
 def test_awq_linear_matches_reference(dtype: torch.dtype, gs: int, in_f: int) -> None:
@@ -49,7 +45,7 @@ def test_awq_linear_matches_reference(dtype: torch.dtype, gs: int, in_f: int) ->
         y = ops.awq_linear(x, wq, sz, bias if m % 2 else None, gs, out_f)
         ref = x.double() @ ref_w.t() + (bias.double() if m % 2 else 0)
         assert torch.isfinite(y).all(), f"M={m}: unwritten output"
-        assert _rel(y, ref) < TOL[dtype], f"M={m} gs={gs}: rel err {_rel(y, ref):.2e}"
+        assert max_norm_rel_err(y, ref) < TOL[dtype], f"M={m} gs={gs}: rel err {max_norm_rel_err(y, ref):.2e}"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -60,8 +56,8 @@ def test_awq_leading_dims_and_dequantize(dtype: torch.dtype) -> None:
     y = ops.awq_linear(x, wq, sz, None, 64, 128)
     assert y.shape == (2, 3, 128)
     ref = x.double() @ _w64(qw, qz, s, 64).t()
-    assert _rel(y, ref) < TOL[dtype]
-    assert _rel(ops.awq_dequantize(qw, qz, s, 64), _w64(qw, qz, s, 64)) < 1e-2
+    assert max_norm_rel_err(y, ref) < TOL[dtype]
+    assert max_norm_rel_err(ops.awq_dequantize(qw, qz, s, 64), _w64(qw, qz, s, 64)) < 1e-2
 
 
 @pytest.mark.parametrize("m", [1, 8, 64])
@@ -101,7 +97,7 @@ def _check(y, x, w64, bias, dtype, what: str) -> None:
     ref = x.double() @ w64.t() + (bias.double() if bias is not None else 0)
     assert y.shape == ref.shape and y.dtype == dtype
     assert torch.isfinite(y).all(), f"{what}: unwritten output"
-    assert _rel(y, ref) < TOL[dtype], f"{what}: rel err {_rel(y, ref):.2e}"
+    assert max_norm_rel_err(y, ref) < TOL[dtype], f"{what}: rel err {max_norm_rel_err(y, ref):.2e}"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cuda_helpers import cuda_kernels_ok, poison_allocator
+from cuda_helpers import assert_close_max_norm, cuda_kernels_ok, poison_allocator
 
 from kbit_vllm import ops
 from kbit_vllm.formats import dequantize_kbit, normal_float_codebook, quantize_awq_rtn, unpack_awq
@@ -33,10 +33,7 @@ DIM = 4096  # square layers, so each link's output is the next one's input
 
 
 def _close(y: torch.Tensor, x: torch.Tensor, w64: torch.Tensor, tol: float, what: str) -> None:
-    want = x.double() @ w64.t()
-    assert not torch.isnan(y).any(), f"{what}: NaN output (an input or output touched too early)"
-    err = ((y.double() - want).abs().max() / want.abs().max().clamp_min(1e-6)).item()
-    assert err < tol, f"{what}: max-norm relative error {err:.3g}"
+    assert_close_max_norm(y, x.double() @ w64.t(), tol, what)
 
 
 def _run_chain(links, x: torch.Tensor) -> list[torch.Tensor]:
