@@ -302,7 +302,7 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW, V>::kMinBlocks)
     const uint32_t stages_s = smem_u32(stages);
     // Per-thread shared offsets inside a stage slot: B chunk (tw, i) at tw * kTileChunks * 16 +
     // tid * 16 + i * 4096; absmax at kBWords * 4 + kABytes + tid * 16; x row j, half h at
-    // kBWords * 4 + h * kRows * 128 + j * 4096 + xoff.
+    // a_slot(slot) + (h * kRows + 32 j) * kARowBytes + xoff.
     const int xr = tid >> 3, xch = tid & 7;
     const uint32_t xoff = static_cast<uint32_t>(xr * S::kARowBytes + ((xch ^ (xr & 7)) << 4));
     auto fast_setup = [&](int mt, int t0, int j0) {

@@ -104,12 +104,14 @@ MMA_TW = {1: 2, 2: 2, 4: 2}  # mb -> 128-feature layout tiles per row tile (1 or
 MMA_VARIANTS = {"mma_v1": 1, "mma_v2": 2, "mma_v3": 3, "mma_v4": 4, "mma_v5": 5}
 # Variant 5 is instantiated for mb 1 and 2: with mb 4 (M <= 64) it spilled at 2 CTAs/SM and lost to
 # v2 (H200 session 7, M=64 4096x28672 80.3 vs 69.6 µs, 14336x4096 40.6 vs 37.3).
-MMA_V5_MAX_M = 32
+MMA_V5_BUILT_M = 32
 
 
 def mma_variant_ok(variant: int, k: int, m: int) -> bool:
     """Whether the MMA kernel variant is instantiated for k bits and m rows."""
-    return variant != 5 or (k <= 4 and m <= MMA_V5_MAX_M)
+    return variant != 5 or (k <= 4 and m <= MMA_V5_BUILT_M)
+
+
 _MMA_OCC: dict[tuple[int, int, int, int, str, int], int] = {}
 _MMA_BK: dict[int, int] = {0: 2}  # the default kernel: 2 blocks per stage, known without a library call
 
@@ -136,7 +138,8 @@ def mma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int,
     variant != 0 (the dispatched "mma" path and the mma_v* forced paths) has mb 2 or 4 and tw 2;
     variant 5 has mb 1 or 2 (k <= 4, M <= 32) and tw 2."""
     if not mma_variant_ok(variant, k, m):
-        raise ValueError(f"kbit_linear MMA variant {variant} takes k <= 4 and M <= {MMA_V5_MAX_M}, got k={k}, M={m}")
+        raise ValueError(f"kbit_linear MMA variant {variant} takes k <= 4 and M <= {MMA_V5_BUILT_M}, "
+                         f"got k={k}, M={m}")
     mb = next((b for b in MMA_MB if m <= 16 * b), MMA_MB[-1])
     tw = tw or MMA_TW[mb]
     if variant:
