@@ -60,35 +60,34 @@ constexpr int kMmaWarps = kMmaThreads / 32;
 //       mb 1 serves M <= 16 without the zero rows of a 32-row tile.
 template <int V>
 struct MmaVar;
-template <>
-struct MmaVar<0> {
-    static constexpr int kBK = 2, kStages = 4, kMinBlocks = 2;
-    static constexpr bool kFastLoad = false, kScaleLut = false, kWideLut = false;
+// What every variant shares unless it says otherwise.
+struct MmaVarBase {
     static constexpr bool kXInLut = false;
 };
 template <>
-struct MmaVar<1> {
+struct MmaVar<0> : MmaVarBase {
+    static constexpr int kBK = 2, kStages = 4, kMinBlocks = 2;
+    static constexpr bool kFastLoad = false, kScaleLut = false, kWideLut = false;
+};
+template <>
+struct MmaVar<1> : MmaVarBase {
     static constexpr int kBK = 2, kStages = 6, kMinBlocks = 1;
     static constexpr bool kFastLoad = true, kScaleLut = true, kWideLut = true;
-    static constexpr bool kXInLut = false;
 };
 template <>
-struct MmaVar<2> {
+struct MmaVar<2> : MmaVarBase {
     static constexpr int kBK = 4, kStages = 4, kMinBlocks = 1;
     static constexpr bool kFastLoad = true, kScaleLut = true, kWideLut = true;
-    static constexpr bool kXInLut = false;
 };
 template <>
-struct MmaVar<3> {
+struct MmaVar<3> : MmaVarBase {
     static constexpr int kBK = 2, kStages = 4, kMinBlocks = 2;
     static constexpr bool kFastLoad = false, kScaleLut = false, kWideLut = false;
-    static constexpr bool kXInLut = false;
 };
 template <>
-struct MmaVar<4> {
+struct MmaVar<4> : MmaVarBase {
     static constexpr int kBK = 2, kStages = 4, kMinBlocks = 2;
     static constexpr bool kFastLoad = true, kScaleLut = true, kWideLut = false;
-    static constexpr bool kXInLut = false;
 };
 template <>
 struct MmaVar<5> {
@@ -151,7 +150,7 @@ struct MmaCfg {
     static_assert(kBK % 2 == 0 && kStageBytes % 16 == 0 && kLutBytes % 16 == 0 && kNS * 8 * kWarpsPerTile == kTileN,
                   "bad MMA tile");
     static_assert(!kScaleLut || kMmaThreads == 256, "one scale table entry per thread");
-    static_assert(!MmaVar<V>::kXInLut || K > 4 || kStages * kHalves * kRows <= 256, "x slots past the table");
+    static_assert(!kXInLut || kStages * kHalves * kRows <= 256, "x slots past the table");
 };
 
 // NS adjacent plane words / absmax bytes of one lane (NS = 2 or 4).
