@@ -21,7 +21,7 @@ from .cargs import cint as _i
 from .cargs import ptr as _ptr
 from .cargs import stream as _stream
 from .grouped_mm import grouped_mm_into, prefers_dequant
-from .library import LIB, check, sm_count
+from .library import LIB, STATUS, check, sm_count
 from .scratch import scratch
 
 _QUANT_FN = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
@@ -161,6 +161,30 @@ def mma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int,
     return mb, tw, min(occ * _sms(dev), units), units
 
 
+WGMMA_ROWS = 64  # x rows per row tile of the Hopper kernel (csrc/kbit_wgmma.cu)
+WGMMA_STAGE_BLOCKS = 2  # quantization blocks per stream-K work unit there
+_WG_OCC: dict[tuple[int, int, str], int] = {}
+
+
+def wgmma_ok(dev: torch.device, k: int) -> bool:
+    """Whether the Hopper kernel (wgmma, sm_90a only) serves k bits on dev: k <= 4 (pair-table
+    decode), compute capability 9.0, and a library built for sm_90a (an sm_90 build has no wgmma)."""
+    return k <= 4 and "sm_90a" in STATUS.archs and torch.cuda.get_device_capability(dev) == (9, 0)
+
+
+def wgmma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int) -> tuple[int, int]:
+    """(ctas, row_tiles) of the stream-K wgmma kernel: one wave (resident CTAs per SM x SMs), never
+    more than the (row tile, stage) units; a row tile is 128 features x 64 rows of x."""
+    key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, sfx)
+    if key not in _WG_OCC:
+        _WG_OCC[key] = int(getattr(LIB, f"kbit_vllm_wgmma_ctas_per_sm_{sfx}")(_i(k)))
+    if _WG_OCC[key] <= 0:
+        raise RuntimeError(f"kbit wgmma kernel (k={k}) cannot be resident on this GPU")
+    row_tiles = ((n + 127) // 128) * -(-m // WGMMA_ROWS)
+    units = row_tiles * -(-nb // WGMMA_STAGE_BLOCKS)
+    return min(_WG_OCC[key] * _sms(dev), units), row_tiles
+
+
 def gemv_config(n: int, nb: int, sms: int, cluster: bool) -> tuple[int, int, int]:
     """(rgpc, wk, splits) for the GEMV: 32-row groups per CTA, warps per row group along K, and
     CTAs of one cluster along K (sm_90 only), so that ~32 warps per SM each stream >= 8 blocks."""
@@ -206,7 +230,7 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
     deterministic mode), else the cluster GEMV; "gemv_sk" and "gemv_cluster" name one of them.
     "mma" is the stream-K tensor-core kernel (dispatch.mma_variant(m)) with its default row-tile
     width; "mma_tw1" and "mma_tw2" force the default kernel at 128 or 256 features per row tile;
-    "mma_v1".. force a kernel variant (MMA_VARIANTS).
+    "mma_v1".. force a kernel variant (MMA_VARIANTS). "wgmma" is the Hopper kernel (wgmma_ok).
     """
     m, in_f = x2.shape
     nb = in_f // 32
@@ -241,6 +265,18 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
         check(getattr(LIB, f"kbit_vllm_gemv_{sfx}")(
             _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(bias), _i(k), _i(m),
             _i(out_features), _i(nb), _ptr(y), _i(rgpc), _i(wk), _i(splits), stream), "kbit_linear (gemv)")
+        return y
+    if path == "wgmma":
+        if not wgmma_ok(dev, k):
+            raise ValueError(f"kbit_linear wgmma path takes k <= 4 on compute capability 9.0, got k={k} on "
+                             f"{torch.cuda.get_device_capability(dev)}")
+        ctas, row_tiles = wgmma_config(dev, sfx, k, m, out_features, nb)
+        # Partial row tiles: a zeroed fp32 accumulator per row tile and a counter (both left zeroed).
+        ws = scratch(dev, "accum", row_tiles * WGMMA_ROWS * 128)
+        ctr = scratch(dev, "counters", row_tiles)
+        check(getattr(LIB, f"kbit_vllm_wgmma_{sfx}")(
+            _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(bias), _i(k), _i(m),
+            _i(out_features), _i(nb), _ptr(y), _i(ctas), _ptr(ws), _ptr(ctr), stream), "kbit_linear (wgmma)")
         return y
     if path not in ("mma", "mma_tw1", "mma_tw2", *MMA_VARIANTS):
         raise ValueError(f"unknown kbit_linear path {path!r}")

@@ -1,0 +1,444 @@
+// kbit tensor-core GEMM on Hopper (sm_90a wgmma), k = 2..4, for mid and large M:
+// y[M, N] = x[M, K] @ W^T (+ bias), W in the tiled layout.
+//
+// Why: the mma.sync kernel (kbit_mma.cu) issues one HMMA per 16 x rows x 8 features x 16 inputs
+// plus an ldmatrix per 16 rows, so its instructions grow with M, and past M = 32 its 64-row tile
+// runs one CTA per SM (RESULTS.md, session 7). Here the weights are the wgmma A operand, decoded
+// into registers exactly like the mma.sync B fragments (one pair-table lookup and one 16-bit x2
+// multiply by the block scale per register), and x is the B operand, read by the tensor cores
+// from shared memory: one m64n64k16 covers 64 features x 64 x rows x 16 inputs, so the decode is
+// the whole per-weight cost at any M up to 64 (more rows take more row tiles).
+// * CTA = 2 warpgroups = one 128-feature layout tile. Warp w owns features 16w..16w+15: lane row
+//   r = lane / 4 is feature 16w + 2r as A row r and 16w + 2r + 1 as A row r + 8, so a lane's plane
+//   words and absmax bytes are 2 adjacent ones (one 8-byte and one 2-byte shared load), and its
+//   accumulators hold adjacent feature pairs (one 32-bit store per x row).
+// * Stream-K over one wave, unit = (row tile, stage of 2 quantization blocks), row tile = (layout
+//   tile, 64 x rows), row tiles layout-tile major; partial row tiles as in kbit_mma.cu: fp32
+//   vector reductions into a zeroed accumulator, a per-tile counter, the last CTA writes y and
+//   leaves both zero. (No deterministic mode: backends/cuda picks kbit_mma.cu there.)
+// * The stage's x rows live in the wide pair table's unused right halves, as 8-row x 16-byte core
+//   matrices: core matrix (row group i, input chunk c) of slot s is the right half of table row
+//   64s + 8i + c, read through a no-swizzle K-major descriptor (chunks 256 bytes apart, row groups
+//   2048): 4 x slots. Weights and absmax go to 8 slots after the 65 KB table: 100 KB at k=4, 2 CTAs
+//   per SM.
+// * Weights are loaded 7 stages ahead of the stage being decoded (a slot is refilled once every
+//   warp decoded it: a block barrier sits between), x 2 stages ahead (a slot is refilled only
+//   after every warp waited for its wgmmas of 2 stages back). Each block's 2 wgmmas are one
+//   commit group with their own A registers; before decoding block b a warp waits until its
+//   previous stage's group of block b is done (wgmma.wait_group 1), so the tensor cores run one
+//   block while the warp decodes the next.
+#include "kbit_mma_frag.cuh"
+#include "kbit_sk.cuh"
+#include "pdl.cuh"
+#include "wgmma_ptx.cuh"
+
+#include <cstring>
+
+namespace kbit {
+
+namespace {
+
+constexpr int kWgThreads = 256;        // 2 warpgroups
+constexpr int kWgRows = 64;            // x rows per row tile (the wgmma N)
+constexpr int kWgBK = 2;               // quantization blocks per stage
+constexpr int kWgWSlots = 8;           // weight / absmax stage slots
+[[maybe_unused]] constexpr int kWgWAhead = kWgWSlots - 1;  // weight stages loaded ahead of the one decoded
+constexpr int kWgXSlots = 4;           // x stage slots (in the table's right halves)
+[[maybe_unused]] constexpr int kWgXAhead = kWgXSlots - 2;  // x stages loaded ahead: the wgmmas read x asynchronously
+[[maybe_unused]] constexpr int kWgTileFloats = kWgRows * kTileN;
+
+template <int K>
+struct WgCfg {
+    static constexpr int kLutBytes = kWideLutWords * 4 + 256 * 4;  // wide pair table + scale table
+    static constexpr int kBWords = kWgBK * K * kTileN;             // plane words per stage
+    static constexpr int kAbsBytes = kWgBK * kTileN;
+    static constexpr int kStageBytes = kBWords * 4 + kAbsBytes;
+    static constexpr int kBytes = kLutBytes + kStageBytes * kWgWSlots;
+    static constexpr int kXChunks = kWgRows * kWgBK * 4;           // 16-byte x chunks per stage
+    static_assert(kWgXSlots * kWgRows <= 256, "x slots past the table");
+    static_assert(kStageBytes % 16 == 0 && kLutBytes % 16 == 0, "16-byte copies");
+    static_assert(kXChunks % kWgThreads == 0 && kAbsBytes / 16 <= kWgThreads, "whole copy rounds");
+};
+
+template <typename T, int K>
+__global__ void __launch_bounds__(kWgThreads, 2)
+    wgmma_sk_kernel(const T* __restrict__ x, const uint32_t* __restrict__ packed_t,
+                    const uint8_t* __restrict__ absmax_t, const float* __restrict__ codebook,
+                    const T* __restrict__ bias, T* __restrict__ y, int M, int N, int nb, float* __restrict__ ws,
+                    int* __restrict__ counters) {
+#if defined(KBIT_WGMMA)
+    using S = WgCfg<K>;
+    extern __shared__ __align__(128) unsigned char smem_wg[];
+    __shared__ int last_flag;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane & 3, r8 = lane >> 2;
+    const int n_tiles = (N + kTileN - 1) / kTileN;
+    const int m_tiles = (M + kWgRows - 1) / kWgRows;
+    const int nst = (nb + kWgBK - 1) / kWgBK;
+    const long long ctas = gridDim.x, cta = blockIdx.x;
+    const long long units = static_cast<long long>(n_tiles) * m_tiles * nst;
+    const int u0 = static_cast<int>(sk_start(cta, units, ctas));
+    const int u1 = static_cast<int>(sk_start(cta + 1, units, ctas));
+    const int in_f = nb * 32;
+    uint32_t* tbl = reinterpret_cast<uint32_t*>(smem_wg);
+    unsigned char* stages = smem_wg + S::kLutBytes;
+    const uint32_t tbl_s = ptx::smem_u32(smem_wg);
+
+    // Stage loads: weights and absmax of a unit into a weight slot, its x rows into an x slot,
+    // each one cp.async commit group. The weight and x cursors each name the next unit to load
+    // (layout tile t, row tile of x mt, stage st) and keep this thread's source pointers, stepped
+    // by a constant per stage and recomputed only when a row tile ends (no per-stage address
+    // arithmetic beyond that). A stage past nb (odd nb, the last of a row tile) zero-fills its
+    // missing block.
+    constexpr int kWChunks = S::kBWords / 4;                     // 16-byte weight chunks per stage
+    constexpr int kWPer = (kWChunks + kWgThreads - 1) / kWgThreads;
+    constexpr int kXPer = S::kXChunks / kWgThreads;               // x chunks per thread and stage
+    // This thread's x chunks c = tid + 256 i: input chunk xch, row xrow0 + 32 i of the row tile,
+    // at shared byte xdst + 8192 i of the slot. A warp copies 64 contiguous bytes (chunks 0..3 or
+    // 4..7) of 8 rows: 8 global lines, and 4 whole 128-byte core matrices in shared memory (4
+    // wavefronts). (With lanes spread over 16 rows, ncu counted 5.6x the ideal L1 wavefronts for
+    // the stage copies at M=64.)
+    const int xch = ((tid >> 5) & 1) * 4 + (tid & 3), xrow0 = (tid >> 6) * 8 + ((tid >> 2) & 7);
+    const int xdst = ((tid >> 6) * 8 + xch) * 256 + ((tid >> 2) & 7) * 16;
+    static_assert(kXPer * kWgThreads == S::kXChunks && kWgThreads % 64 == 0, "x chunk rounds");
+    // (t, mt, st) of a unit, and the unit after it.
+    struct Unit {
+        int t, mt, st;
+    };
+    auto unit_at = [&](int u) {
+        const int q = u / nst;
+        Unit n;
+        n.st = u - q * nst;
+        n.t = q / m_tiles;
+        n.mt = q - n.t * m_tiles;
+        return n;
+    };
+    // Steps n to the next unit; true when a row tile ends (the pointers are sought again).
+    auto next_unit = [&](Unit& n) {
+        if (++n.st != nst) return false;
+        n.st = 0;
+        if (++n.mt == m_tiles) {
+            n.mt = 0;
+            ++n.t;
+        }
+        return true;
+    };
+    struct WCursor {
+        Unit n;
+        const uint32_t* p;  // this thread's first weight chunk of the stage
+        const uint8_t* a;   // its absmax chunk (tid < kAbsBytes / 16)
+    };
+    struct XCursor {
+        Unit n;
+        const T* p[kXPer];  // this thread's x chunks of the stage (row 0 where the row is past M)
+        uint32_t zf;        // bit i: chunk i is past M (zero-filled)
+    };
+    auto w_seek = [&](WCursor& c) {
+        const size_t blk = static_cast<size_t>(c.n.t) * nb + c.n.st * kWgBK;
+        c.p = packed_t + blk * K * kTileN + tid * 4;
+        c.a = absmax_t + blk * kTileN + (tid < S::kAbsBytes / 16 ? tid * 16 : 0);
+    };
+    auto x_seek = [&](XCursor& c) {
+        c.zf = 0;
+#pragma unroll
+        for (int i = 0; i < kXPer; ++i) {
+            const int row = c.n.mt * kWgRows + xrow0 + 32 * i;
+            c.zf |= row < M ? 0u : 1u << i;
+            c.p[i] = x + static_cast<size_t>(row < M ? row : 0) * in_f + c.n.st * kWgBK * 32 + xch * 8;
+        }
+    };
+    auto load_w = [&](WCursor& c, int slot) {
+        unsigned char* base = stages + slot * S::kStageBytes;
+        const int jn = min(kWgBK, nb - c.n.st * kWgBK);  // valid blocks in this stage
+#pragma unroll
+        for (int i = 0; i < kWPer; ++i) {
+            const int ch = tid + i * kWgThreads;
+            if (kWChunks % kWgThreads == 0 || ch < kWChunks) {
+                const bool ok = jn == kWgBK || ch * 4 < jn * K * kTileN;
+                ptx::cp_async16(base + ch * 16, ok ? c.p + i * kWgThreads * 4 : packed_t, ok);
+            }
+        }
+        if (tid < S::kAbsBytes / 16) {
+            const bool ok = jn == kWgBK || tid * 16 < jn * kTileN;
+            ptx::cp_async16(base + S::kBWords * 4 + tid * 16, ok ? c.a : absmax_t, ok);
+        }
+        if (next_unit(c.n)) {
+            w_seek(c);
+        } else {
+            c.p += kWgBK * K * kTileN;
+            c.a += kWgBK * kTileN;
+        }
+    };
+    auto load_x = [&](XCursor& c, int slot) {
+        unsigned char* xs = smem_wg + slot * kWgRows * 256 + 128 + xdst;
+        const int jn = min(kWgBK, nb - c.n.st * kWgBK);
+        const bool chunk_ok = jn == kWgBK || xch < jn * 4;
+#pragma unroll
+        for (int i = 0; i < kXPer; ++i) {
+            const bool ok = chunk_ok && !((c.zf >> i) & 1u);
+            ptx::cp_async16(xs + i * 8192, ok ? c.p[i] : x, ok);
+        }
+        if (next_unit(c.n)) {
+            x_seek(c);
+        } else {
+#pragma unroll
+            for (int i = 0; i < kXPer; ++i) c.p[i] += kWgBK * 32;
+        }
+    };
+    WCursor wcur;
+    XCursor xcur;
+    wcur.n = xcur.n = unit_at(u0);
+    w_seek(wcur);
+    x_seek(xcur);
+
+    // The tables are built while the previous kernel may still run (PDL, pdl.cuh); the stages
+    // carry x and follow pdl_wait. The loop's first barrier publishes the tables.
+    pdl_trigger();
+    build_wide_lut<K, T>(tbl, codebook);
+    {
+        const float sc = decode_e4m4_fast(static_cast<uint32_t>(tid));  // scale pair of absmax byte tid
+        tbl[kWideLutWords + tid] = pack2<T>(sc, sc);
+    }
+    pdl_wait();
+    // Commit groups in issue order: w(0) .. w(kWgWAhead - kWgXAhead - 1), then per stage i from
+    // -kWgXAhead on: w(i + kWgWAhead), x(i + kWgXAhead) (empty past the range). When stage i starts,
+    // x(i) is followed by exactly 2 newer groups, and w(i) is older still.
+    for (int s = 0; s < kWgWAhead - kWgXAhead; ++s) {
+        if (u0 + s < u1) load_w(wcur, s);
+        ptx::cp_async_commit();
+    }
+#pragma unroll
+    for (int s = 0; s < kWgXAhead; ++s) {
+        const int sw = s + kWgWAhead - kWgXAhead;
+        if (u0 + sw < u1) load_w(wcur, sw);
+        ptx::cp_async_commit();
+        if (u0 + s < u1) load_x(xcur, s);
+        ptx::cp_async_commit();
+    }
+
+    const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
+    const char* tblc = reinterpret_cast<const char*>(tbl);
+    const int c0 = 16 * warp + 2 * r8;  // this lane's first feature in the layout tile
+    float acc[32];
+    uint32_t a[kWgBK][2][4];  // A fragments: [block][k16 half][register]
+    // This lane's plane words and absmax bytes of block blk of weight slot wslot. Both blocks of a
+    // stage are read at its start, so block 1's loads overlap block 0's decode. (Reading the next
+    // stage's block 0 during block 1 made ptxas serialize the wgmmas: C7513.)
+    auto read_planes = [&](int wslot, int blk, uint2 (&pw)[K], uint32_t& ab) {
+        const unsigned char* base = stages + wslot * S::kStageBytes;
+        const uint32_t* b_s = reinterpret_cast<const uint32_t*>(base);
+#pragma unroll
+        for (int b = 0; b < K; ++b) pw[b] = *reinterpret_cast<const uint2*>(b_s + (blk * K + b) * kTileN + c0);
+        ab = *reinterpret_cast<const uint16_t*>(base + S::kBWords * 4 + blk * kTileN + c0);
+    };
+
+    int q = u0 / nst;  // row tile of the current segment
+    bool seg_from_start = u0 == q * nst;
+    int it = 0;
+    for (int u = u0; u < u1;) {
+        const int seg_end = min(u1, (q + 1) * nst);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) acc[i] = 0.f;
+        for (; u < seg_end; ++u, ++it) {
+            ptx::cp_async_wait<2>();          // this thread's copies of stage it (x and weights)
+            ptx::fence_proxy_async_smem();    // visible to the tensor cores' reads of x
+            __syncthreads();  // everyone's; every warp decoded stage it - 1 and its wgmmas of it - 2 are done
+            if (u + kWgWAhead < u1) load_w(wcur, (it + kWgWAhead) % kWgWSlots);
+            ptx::cp_async_commit();
+            if (u + kWgXAhead < u1) load_x(xcur, (it + kWgXAhead) % kWgXSlots);
+            ptx::cp_async_commit();
+            const int slot = it % kWgXSlots, wslot = it % kWgWSlots;
+            const uint32_t xs = tbl_s + static_cast<uint32_t>(slot * kWgRows * 256 + 128);
+            static_assert(kWgBK == 2, "two blocks per stage");
+            uint2 pw0[K], pw1[K];
+            uint32_t ab0, ab1;
+            read_planes(wslot, 0, pw0, ab0);
+            read_planes(wslot, 1, pw1, ab1);
+#pragma unroll
+            for (int blk = 0; blk < kWgBK; ++blk) {
+                uint2 pw[K];
+#pragma unroll
+                for (int b = 0; b < K; ++b) pw[b] = blk ? pw1[b] : pw0[b];
+                const uint32_t ab = blk ? ab1 : ab0;
+                uint32_t gw[2], s2[2];  // rotr(group word, g) and the scale pair of features c0, c0 + 1
+#pragma unroll
+                for (int s = 0; s < 2; ++s) {
+                    uint32_t p[K];
+#pragma unroll
+                    for (int b = 0; b < K; ++b) p[b] = s ? pw[b].y : pw[b].x;
+                    gw[s] = rotr32(group_word<K>(p, g), g);
+                    s2[s] = tbl[kWideLutWords + __byte_perm(ab, 0u, 0x4440u | s)];
+                }
+                ptx::wgmma_wait<1>();  // this block's registers: the previous stage's group of it is done
+#pragma unroll
+                for (int kk = 0; kk < 2; ++kk) {
+                    // a0 / a1: rows r8 / r8 + 8 (features c0 / c0 + 1) at inputs 2g, 2g + 1 of the k16
+                    // half; a2 / a3: the same rows at inputs 2g + 8, 2g + 9 (pair bytes 2kk, 2kk + 1).
+#pragma unroll
+                    for (int s = 0; s < 2; ++s) {
+                        const uint32_t o0 = wide_lut_off(gw[s], 2 * kk, lane4);
+                        const uint32_t o1 = wide_lut_off(gw[s], 2 * kk + 1, lane4);
+                        a[blk][kk][s] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + o0), s2[s]);
+                        a[blk][kk][2 + s] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + o1), s2[s]);
+                    }
+                }
+#pragma unroll
+                for (int i = 0; i < 32; ++i) ptx::reg_fence(acc[i]);
+                ptx::wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < 2; ++kk) {
+                    const uint32_t start = xs + static_cast<uint32_t>((blk * 4 + kk * 2) * 256);
+                    ptx::wgmma_m64n64k16<T>(acc, a[blk][kk], ptx::wgmma_desc(start, 256, 8 * 256), 1);
+                }
+                ptx::wgmma_commit();
+#pragma unroll
+                for (int i = 0; i < 32; ++i) ptx::reg_fence(acc[i]);
+            }
+        }
+        ptx::wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 32; ++i) ptx::reg_fence(acc[i]);
+
+        // End of this CTA's segment of row tile q. acc[4j + h]: feature f0, x row 8j + 2g + h of the
+        // tile; acc[4j + 2 + h]: feature f0 + 1, the same row.
+        const int st_last = u - 1 - q * nst;
+        const int t = q / m_tiles, mt = q - t * m_tiles;
+        const int f0 = t * kTileN + c0;
+        bool write = true;
+        if (!(seg_from_start && st_last == nst - 1)) {
+            const long long first = static_cast<long long>(q) * nst, lastu = first + nst - 1;
+            const long long wf = sk_owner(first, units, ctas), wl = sk_owner(lastu, units, ctas);
+            float* mine = ws + static_cast<size_t>(q) * kWgTileFloats + (warp * 8 * 32 + lane) * 4;
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                red_add4(mine + j * 128, acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+            __threadfence();
+            __syncthreads();
+            if (tid == 0) {
+                const int old = atomicAdd(counters + q, 1);
+                last_flag = old == static_cast<int>(wl - wf);
+                if (last_flag) counters[q] = 0;  // every other CTA of this row tile has counted
+            }
+            __syncthreads();
+            write = last_flag != 0;
+            if (write) {
+                __threadfence();
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    float4* src = reinterpret_cast<float4*>(mine + j * 128);
+                    const float4 v = __ldcg(src);
+                    __stcg(src, make_float4(0.f, 0.f, 0.f, 0.f));
+                    acc[4 * j] = v.x, acc[4 * j + 1] = v.y, acc[4 * j + 2] = v.z, acc[4 * j + 3] = v.w;
+                }
+            }
+        }
+        if (write) {
+            const float b0 = (bias != nullptr && f0 < N) ? to_float(bias[f0]) : 0.f;
+            const float b1 = (bias != nullptr && f0 + 1 < N) ? to_float(bias[f0 + 1]) : 0.f;
+            const bool pair = (N % 2 == 0) && f0 + 1 < N;
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = mt * kWgRows + 8 * j + 2 * g + h;
+                    if (row >= M || f0 >= N) continue;
+                    T* dst = y + static_cast<size_t>(row) * N + f0;
+                    const float v0 = acc[4 * j + h] + b0, v1 = acc[4 * j + 2 + h] + b1;
+                    if (pair) {
+                        *reinterpret_cast<uint32_t*>(dst) = pack2<T>(v0, v1);
+                    } else {
+                        dst[0] = from_float<T>(v0);
+                        if (f0 + 1 < N) dst[1] = from_float<T>(v1);
+                    }
+                }
+        }
+        ++q;
+        seg_from_start = true;
+    }
+    ptx::cp_async_wait<0>();
+#else
+    __trap();  // only sm_90a has wgmma; the host launches this kernel on compute capability 9.0 only
+#endif
+}
+
+template <typename T, int K>
+const void* wgmma_kernel_ptr() {
+    return reinterpret_cast<const void*>(wgmma_sk_kernel<T, K>);
+}
+
+template <typename T>
+const void* wgmma_pick(int k, int* smem) {
+    switch (k) {
+        case 2: *smem = WgCfg<2>::kBytes; return wgmma_kernel_ptr<T, 2>();
+        case 3: *smem = WgCfg<3>::kBytes; return wgmma_kernel_ptr<T, 3>();
+        case 4: *smem = WgCfg<4>::kBytes; return wgmma_kernel_ptr<T, 4>();
+        default: return nullptr;
+    }
+}
+
+}  // namespace
+
+#ifndef KBIT_ARCHS
+#define KBIT_ARCHS ""
+#endif
+
+// Whether the current device can run the kernel: compute capability 9.0 (the only one with wgmma)
+// and sm_90a code in this library (an sm_90 build compiles the kernel to a trap).
+static bool wgmma_device_ok() {
+    int dev = 0, major = 0, minor = 0;
+    return std::strstr(KBIT_ARCHS, "sm_90a") != nullptr && cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
+           minor == 0;
+}
+
+// Resident CTAs per SM of the wgmma kernel for k bits, for sizing a one-wave grid; 0 on error, for
+// k outside 2..4, or where !wgmma_device_ok().
+template <typename T>
+int wgmma_ctas_per_sm(int k) {
+    int smem = 0;
+    const void* f = wgmma_pick<T>(k, &smem);
+    if (!wgmma_device_ok() || f == nullptr ||
+        cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
+        return 0;
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, kWgThreads, smem) != cudaSuccess) return 0;
+    return n;
+}
+template int wgmma_ctas_per_sm<half>(int);
+template int wgmma_ctas_per_sm<__nv_bfloat16>(int);
+
+// ctas: grid size, 1..units where units = ceil(N / 128) * ceil(M / 64) * ceil(nb / 2). ws: a
+// zeroed fp32 accumulator of ceil(N / 128) * ceil(M / 64) row tiles of 64 x 128 floats, counters
+// as many zeroed int32; both are left zero.
+template <typename T>
+int launch_wgmma(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int k, int M,
+                 int N, int nb, void* y, int ctas, float* ws, int* counters, cudaStream_t stream) {
+    if (M == 0 || N <= 0) return 0;
+    int smem = 0;
+    const void* f = wgmma_pick<T>(k, &smem);
+    const long long units = ((N + kTileN - 1) / kTileN) * static_cast<long long>((M + kWgRows - 1) / kWgRows) *
+                            ((nb + kWgBK - 1) / kWgBK);
+    if (f == nullptr || nb <= 0 || M < 0 || ctas < 1 || ctas > units || units > (1LL << 30) || ws == nullptr ||
+        counters == nullptr || !wgmma_device_ok())
+        return static_cast<int>(cudaErrorInvalidValue);
+    const cudaError_t attr = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (attr != cudaSuccess) return static_cast<int>(attr);
+    const T* xt = static_cast<const T*>(x);
+    const uint32_t* p = static_cast<const uint32_t*>(pt);
+    const T* bt = static_cast<const T*>(bias);
+    T* yt = static_cast<T*>(y);
+    void* args[] = {&xt, &p, &at, &cb, &bt, &yt, &M, &N, &nb, &ws, &counters};
+    cudaLaunchAttribute attrs[1];
+    const cudaLaunchConfig_t cfg = pdl_config(dim3(ctas), dim3(kWgThreads), smem, stream, attrs);
+    const cudaError_t e = cudaLaunchKernelExC(&cfg, f, args);
+    if (e != cudaSuccess) return static_cast<int>(e);
+    KBIT_RETURN_LAUNCH_STATUS();
+}
+
+template int launch_wgmma<half>(const void*, const void*, const uint8_t*, const float*, const void*, int, int, int,
+                                int, void*, int, float*, int*, cudaStream_t);
+template int launch_wgmma<__nv_bfloat16>(const void*, const void*, const uint8_t*, const float*, const void*, int,
+                                         int, int, int, void*, int, float*, int*, cudaStream_t);
+
+}  // namespace kbit
