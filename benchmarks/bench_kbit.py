@@ -115,7 +115,8 @@ def bench_shape(name: str, in_f: int, out_f: int, ks: list[int], ms: list[int], 
             r = {"shape": name, "in": in_f, "out": out_f, "k": k, "M": m}
             small = m <= dispatch.GEMV_MAX_M
             paths = (["gemv_sk", "gemv_cluster"] if small and k <= 4 else ["gemv_cluster"] if small else []) + [
-                "mma"] + (MMA_VARIANT_PATHS if mma_variants else []) + (["dequant"] if m >= 8 else [])
+                "mma"] + (MMA_VARIANT_PATHS if mma_variants else []) + (
+                ["wgmma"] if cuda_ops.wgmma_ok(x.device, k) and m >= 5 else []) + (["dequant"] if m >= 8 else [])
             for path in paths:
                 if not cuda_ops.mma_variant_ok(cuda_ops.MMA_VARIANTS.get(path, 0), k, m):
                     continue
@@ -175,16 +176,16 @@ def fmt(v) -> str:
 def print_tables(rows: list[dict]) -> None:
     for m in sorted({r["M"] for r in rows}):
         print(f"\n### M = {m} (µs per call; best = fastest of our kernels)\n")
-        print("| shape (in x out) | k | gemv (stream-K) | gemv (cluster) | mma | dequant+cuBLAS | op | cuBLAS fp16 "
-              "| tinygemm int4 | best | vs fp16 | floor | best/floor |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        print("| shape (in x out) | k | gemv (stream-K) | gemv (cluster) | mma | wgmma | dequant+cuBLAS | op "
+              "| cuBLAS fp16 | tinygemm int4 | best | vs fp16 | floor | best/floor |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             if r["M"] != m:
                 continue
-            best = min(r[p] for p in ("gemv_sk", "gemv_cluster", "mma", "dequant") if p in r)
+            best = min(r[p] for p in ("gemv_sk", "gemv_cluster", "mma", "wgmma", "dequant") if p in r)
             r["best"] = best
             print(f"| {r['shape']} {r['in']}x{r['out']} | {r['k']} | {fmt(r.get('gemv_sk'))} | "
-                  f"{fmt(r.get('gemv_cluster'))} | {fmt(r.get('mma'))} | "
+                  f"{fmt(r.get('gemv_cluster'))} | {fmt(r.get('mma'))} | {fmt(r.get('wgmma'))} | "
                   f"{fmt(r.get('dequant'))} | {fmt(r['op'])} | {fmt(r['cublas_fp16'])} | "
                   f"{fmt(r.get('tinygemm_int4'))} | {best:.1f} | {r['cublas_fp16'] / best:.2f}x | "
                   f"{r['floor']:.1f} | {best / r['floor']:.2f} |")

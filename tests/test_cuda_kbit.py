@@ -107,7 +107,7 @@ def test_linear_all_paths(k, dtype, in_f, out_f):
         x = torch.randn(m, in_f, device=DEV, dtype=dtype)
         sk = k <= 4 and ((out_f + 127) // 128) * (in_f // 32) >= 8
         paths = (["gemv", "gemv_cluster"] + (["gemv_sk"] if sk else []) if m <= 4 else []) + (
-            ["mma", "mma_tw1"] if m <= 256 else []) + ["dequant"]
+            ["mma", "mma_tw1"] if m <= 256 else []) + ["dequant"] + (["wgmma"] if cuda_ops.wgmma_ok(DEV, k) else [])
         for path in paths:
             b = bias if m % 2 else None
             y = cuda_ops.linear_path(x, pt, at, cb, b, k, out_f, path)
@@ -136,7 +136,9 @@ def test_mma_variants_match_reference(k, dtype, in_f, out_f):
     for m in MMA_VARIANT_MS:
         x = torch.randn(m, in_f, device=DEV, dtype=dtype)
         b = bias if m % 2 else None
-        for path in ("mma", *cuda_ops.MMA_VARIANTS):
+        for path in ("mma", *cuda_ops.MMA_VARIANTS, "wgmma"):
+            if path == "wgmma" and not cuda_ops.wgmma_ok(DEV, k):
+                continue
             if not cuda_ops.mma_variant_ok(cuda_ops.MMA_VARIANTS.get(path, 0), k, m):
                 continue
             poison_allocator(m * out_f * 2)
@@ -304,3 +306,32 @@ def test_graph_replay_equals_eager(m, dtype, deterministic, monkeypatch):
     x.copy_(torch.randn_like(x))  # the graph reads the new input
     g.replay()
     assert same(y, ops.kbit_linear(x, pt, at, cb, bias, k, out_f))
+
+
+@pytest.mark.parametrize("m", (5, 64, 100))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_wgmma_graph_replay(m, dtype):
+    """The Hopper wgmma path (forced; sm_90a) inside a CUDA graph: every replay is right and sees
+    a new input, so its partial-tile accumulators and counters are left zeroed between launches."""
+    k, in_f, out_f = 4, 4096, 2053
+    if not cuda_ops.wgmma_ok(torch.device(DEV), k):
+        pytest.skip("wgmma kernel needs compute capability 9.0 and an sm_90a library")
+    packed, absmax, cb = _weights(out_f, in_f, k)
+    pt, at = ops.kbit_repack(packed, absmax, k)
+    w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64)
+    bias = torch.randn(out_f, device=DEV, dtype=dtype)
+    x = torch.randn(m, in_f, device=DEV, dtype=dtype)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        cuda_ops.linear_path(x, pt, at, cb, bias, k, out_f, "wgmma")
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = cuda_ops.linear_path(x, pt, at, cb, bias, k, out_f, "wgmma")
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        y.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        _check_linear(y, x, w64, bias, dtype)
