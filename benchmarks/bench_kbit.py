@@ -116,9 +116,9 @@ def bench_shape(name: str, in_f: int, out_f: int, ks: list[int], ms: list[int], 
             small = m <= dispatch.GEMV_MAX_M
             paths = (["gemv_sk", "gemv_cluster"] if small and k <= 4 else ["gemv_cluster"] if small else []) + [
                 "mma"] + (MMA_VARIANT_PATHS if mma_variants else []) + (
-                ["wgmma"] if cuda_ops.wgmma_ok(x.device, k) and m >= 5 else []) + (["dequant"] if m >= 8 else [])
+                ["wgmma"] if m >= 5 else []) + (["dequant"] if m >= 8 else [])
             for path in paths:
-                if not cuda_ops.mma_variant_ok(cuda_ops.MMA_VARIANTS.get(path, 0), k, m):
+                if not cuda_ops.path_ok(x.device, path, k, m):  # a variant or wgmma not built for k / M here
                     continue
                 def mk(c, path=path, x=x, cb=cb, k=k):
                     return lambda: cuda_ops.linear_path(x, c[0], c[1], cb, None, k, out_f, path)

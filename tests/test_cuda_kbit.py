@@ -137,9 +137,7 @@ def test_mma_variants_match_reference(k, dtype, in_f, out_f):
         x = torch.randn(m, in_f, device=DEV, dtype=dtype)
         b = bias if m % 2 else None
         for path in ("mma", *cuda_ops.MMA_VARIANTS, "wgmma"):
-            if path == "wgmma" and not cuda_ops.wgmma_ok(DEV, k):
-                continue
-            if not cuda_ops.mma_variant_ok(cuda_ops.MMA_VARIANTS.get(path, 0), k, m):
+            if not cuda_ops.path_ok(torch.device(DEV), path, k, m):
                 continue
             poison_allocator(m * out_f * 2)
             y = cuda_ops.linear_path(x, pt, at, cb, b, k, out_f, path)
@@ -258,7 +256,7 @@ def test_mma_deterministic_stream_k(path, dtype, monkeypatch):
         w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64)
         bias = torch.randn(out_f, device=DEV, dtype=dtype)
         for m in (5, 16, 40, 64, 100):
-            if not cuda_ops.mma_variant_ok(cuda_ops.MMA_VARIANTS.get(path, 0), k, m):
+            if not cuda_ops.path_ok(torch.device(DEV), path, k, m):
                 continue
             x = torch.randn(m, in_f, device=DEV, dtype=dtype)
             first = cuda_ops.linear_path(x, pt, at, cb, bias, k, out_f, path)

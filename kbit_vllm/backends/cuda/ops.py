@@ -185,6 +185,14 @@ def wgmma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int) -
     return min(_WG_OCC[key] * _sms(dev), units), row_tiles
 
 
+def path_ok(dev: torch.device, path: str, k: int, m: int) -> bool:
+    """Whether a forced tensor-core path ("mma", "mma_tw1", "mma_v1".., "wgmma") serves k bits and
+    m rows on dev (tests and benchmarks skip the ones that do not)."""
+    if path == "wgmma":
+        return wgmma_ok(dev, k)
+    return mma_variant_ok(MMA_VARIANTS.get(path, 0), k, m)
+
+
 def gemv_config(n: int, nb: int, sms: int, cluster: bool) -> tuple[int, int, int]:
     """(rgpc, wk, splits) for the GEMV: 32-row groups per CTA, warps per row group along K, and
     CTAs of one cluster along K (sm_90 only), so that ~32 warps per SM each stream >= 8 blocks."""
