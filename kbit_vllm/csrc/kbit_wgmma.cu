@@ -7,26 +7,29 @@
 // into registers exactly like the mma.sync B fragments (one pair-table lookup and one 16-bit x2
 // multiply by the block scale per register), and x is the B operand, read by the tensor cores
 // from shared memory: one m64n64k16 covers 64 features x 64 x rows x 16 inputs, so the decode is
-// the whole per-weight cost at any M up to 64 (more rows take more row tiles).
-// * CTA = 2 warpgroups = one 128-feature layout tile. Warp w owns features 16w..16w+15: lane row
-//   r = lane / 4 is feature 16w + 2r as A row r and 16w + 2r + 1 as A row r + 8, so a lane's plane
-//   words and absmax bytes are 2 adjacent ones (one 8-byte and one 2-byte shared load), and its
-//   accumulators hold adjacent feature pairs (one 32-bit store per x row).
-// * Stream-K over one wave, unit = (row tile, stage of 2 quantization blocks), row tile = (layout
-//   tile, 64 x rows), row tiles layout-tile major; partial row tiles as in kbit_mma.cu: fp32
+// the whole per-weight cost at any M up to 64 (more rows take more row tiles, each decoding again).
+// * CTA = 2 warpgroups = two 128-feature layout tiles (a 256-feature row tile; a missing second
+//   tile at the end of N is zero-filled and not stored). Warp w of a warpgroup owns features
+//   32w..32w+31 of its layout tile as rows of two m64 tiles: lane row r = lane / 4 holds features
+//   32w + 4r + 2i (A row r of m64 tile i) and 32w + 4r + 2i + 1 (A row r + 8), so a lane's plane
+//   words and absmax bytes are 4 adjacent ones (one 16-byte and one 4-byte shared load) and its
+//   accumulators hold 4 adjacent features per x row (one 8-byte store). (16 features per warp, one
+//   m64 tile, ran ~1.5x the instructions per weight: RESULTS.md, session 8.)
+// * Stream-K over one wave, unit = (row tile, stage of 2 quantization blocks), row tile = (256
+//   features, 64 x rows), row tiles feature-major; partial row tiles as in kbit_mma.cu: fp32
 //   vector reductions into a zeroed accumulator, a per-tile counter, the last CTA writes y and
 //   leaves both zero. (No deterministic mode: backends/cuda picks kbit_mma.cu there.)
 // * The stage's x rows live in the wide pair table's unused right halves, as 8-row x 16-byte core
 //   matrices: core matrix (row group i, input chunk c) of slot s is the right half of table row
 //   64s + 8i + c, read through a no-swizzle K-major descriptor (chunks 256 bytes apart, row groups
-//   2048): 4 x slots. Weights and absmax go to 8 slots after the 65 KB table: 100 KB at k=4, 2 CTAs
-//   per SM.
-// * Weights are loaded 7 stages ahead of the stage being decoded (a slot is refilled once every
+//   2048): 4 x slots. Weights and absmax go to 4 slots after the 65 KB table: 100 KB at k=4, 2 CTAs
+//   per SM (128 registers).
+// * Weights are loaded 3 stages ahead of the stage being decoded (a slot is refilled once every
 //   warp decoded it: a block barrier sits between), x 2 stages ahead (a slot is refilled only
-//   after every warp waited for its wgmmas of 2 stages back). Each block's 2 wgmmas are one
-//   commit group with their own A registers; before decoding block b a warp waits until its
-//   previous stage's group of block b is done (wgmma.wait_group 1), so the tensor cores run one
-//   block while the warp decodes the next.
+//   after every warp waited for its wgmmas of 2 stages back). Each k16 half's 2 wgmmas (both m64
+//   tiles) are one commit group with their own A registers; before decoding a half a warp waits
+//   until at most one group (the other half's) is pending, so the tensor cores run one half while
+//   the warp decodes the next.
 #include "kbit_mma_frag.cuh"
 #include "kbit_sk.cuh"
 #include "pdl.cuh"
@@ -41,23 +44,27 @@ namespace {
 constexpr int kWgThreads = 256;        // 2 warpgroups
 constexpr int kWgRows = 64;            // x rows per row tile (the wgmma N)
 constexpr int kWgBK = 2;               // quantization blocks per stage
-constexpr int kWgWSlots = 8;           // weight / absmax stage slots
+constexpr int kWgTW = 2;               // layout tiles per row tile (one per warpgroup)
+constexpr int kWgCols = kTileN * kWgTW;  // features per row tile
+constexpr int kWgWSlots = 4;           // weight / absmax stage slots (two layout tiles each)
 [[maybe_unused]] constexpr int kWgWAhead = kWgWSlots - 1;  // weight stages loaded ahead of the one decoded
 constexpr int kWgXSlots = 4;           // x stage slots (in the table's right halves)
 [[maybe_unused]] constexpr int kWgXAhead = kWgXSlots - 2;  // x stages loaded ahead: the wgmmas read x asynchronously
-[[maybe_unused]] constexpr int kWgTileFloats = kWgRows * kTileN;
+[[maybe_unused]] constexpr int kWgTileFloats = kWgRows * kWgCols;
 
 template <int K>
 struct WgCfg {
     static constexpr int kLutBytes = kWideLutWords * 4 + 256 * 4;  // wide pair table + scale table
-    static constexpr int kBWords = kWgBK * K * kTileN;             // plane words per stage
-    static constexpr int kAbsBytes = kWgBK * kTileN;
+    static constexpr int kTileWords = kWgBK * K * kTileN;          // plane words of one layout tile per stage
+    static constexpr int kBWords = kWgTW * kTileWords;             // [tile][block][plane][128]
+    static constexpr int kAbsBytes = kWgTW * kWgBK * kTileN;       // [tile][block][128]
     static constexpr int kStageBytes = kBWords * 4 + kAbsBytes;
     static constexpr int kBytes = kLutBytes + kStageBytes * kWgWSlots;
     static constexpr int kXChunks = kWgRows * kWgBK * 4;           // 16-byte x chunks per stage
     static_assert(kWgXSlots * kWgRows <= 256, "x slots past the table");
     static_assert(kStageBytes % 16 == 0 && kLutBytes % 16 == 0, "16-byte copies");
-    static_assert(kXChunks % kWgThreads == 0 && kAbsBytes / 16 <= kWgThreads, "whole copy rounds");
+    static_assert(kXChunks % kWgThreads == 0 && kAbsBytes / 16 <= kWgThreads && kWgTW == 2,
+                  "whole copy rounds, one layout tile per warpgroup");
 };
 
 template <typename T, int K>
@@ -73,10 +80,11 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane & 3, r8 = lane >> 2;
     const int n_tiles = (N + kTileN - 1) / kTileN;
+    const int n_rt = (n_tiles + kWgTW - 1) / kWgTW;  // row tiles along N
     const int m_tiles = (M + kWgRows - 1) / kWgRows;
     const int nst = (nb + kWgBK - 1) / kWgBK;
     const long long ctas = gridDim.x, cta = blockIdx.x;
-    const long long units = static_cast<long long>(n_tiles) * m_tiles * nst;
+    const long long units = static_cast<long long>(n_rt) * m_tiles * nst;
     const int u0 = static_cast<int>(sk_start(cta, units, ctas));
     const int u1 = static_cast<int>(sk_start(cta + 1, units, ctas));
     const int in_f = nb * 32;
@@ -90,7 +98,8 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     // by a constant per stage and recomputed only when a row tile ends (no per-stage address
     // arithmetic beyond that). A stage past nb (odd nb, the last of a row tile) zero-fills its
     // missing block.
-    constexpr int kWChunks = S::kBWords / 4;                     // 16-byte weight chunks per stage
+    constexpr int kTChunks = S::kTileWords / 4;                  // 16-byte weight chunks per tile and stage
+    constexpr int kWChunks = kWgTW * kTChunks;
     constexpr int kWPer = (kWChunks + kWgThreads - 1) / kWgThreads;
     constexpr int kXPer = S::kXChunks / kWgThreads;               // x chunks per thread and stage
     // This thread's x chunks c = tid + 256 i: input chunk xch, row xrow0 + 32 i of the row tile,
@@ -125,8 +134,9 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     };
     struct WCursor {
         Unit n;
-        const uint32_t* p;  // this thread's first weight chunk of the stage
-        const uint8_t* a;   // its absmax chunk (tid < kAbsBytes / 16)
+        const uint32_t* p[kWPer];  // this thread's weight chunks c = tid + 256 i of the stage
+        const uint8_t* a;          // its absmax chunk (tid < kAbsBytes / 16)
+        uint32_t zf;               // bit i: chunk i is in a layout tile past N (bit kWPer: the absmax chunk)
     };
     struct XCursor {
         Unit n;
@@ -134,9 +144,19 @@ __global__ void __launch_bounds__(kWgThreads, 2)
         uint32_t zf;        // bit i: chunk i is past M (zero-filled)
     };
     auto w_seek = [&](WCursor& c) {
-        const size_t blk = static_cast<size_t>(c.n.t) * nb + c.n.st * kWgBK;
-        c.p = packed_t + blk * K * kTileN + tid * 4;
-        c.a = absmax_t + blk * kTileN + (tid < S::kAbsBytes / 16 ? tid * 16 : 0);
+        c.zf = 0;
+#pragma unroll
+        for (int i = 0; i < kWPer; ++i) {
+            const int ch = tid + i * kWgThreads, tw = ch / kTChunks, t = c.n.t * kWgTW + tw;
+            c.zf |= t < n_tiles ? 0u : 1u << i;
+            const size_t blk = static_cast<size_t>(t < n_tiles ? t : 0) * nb + c.n.st * kWgBK;
+            c.p[i] = packed_t + blk * K * kTileN + (ch - tw * kTChunks) * 4;
+        }
+        constexpr int kAbsTile = kWgBK * kTileN / 16;  // absmax chunks per tile
+        const int tw = tid / kAbsTile, t = c.n.t * kWgTW + tw;
+        c.zf |= (t < n_tiles && tid < S::kAbsBytes / 16) ? 0u : 1u << kWPer;
+        const size_t blk = static_cast<size_t>(t < n_tiles ? t : 0) * nb + c.n.st * kWgBK;
+        c.a = absmax_t + blk * kTileN + (tid < S::kAbsBytes / 16 ? (tid - tw * kAbsTile) * 16 : 0);
     };
     auto x_seek = [&](XCursor& c) {
         c.zf = 0;
@@ -154,18 +174,21 @@ __global__ void __launch_bounds__(kWgThreads, 2)
         for (int i = 0; i < kWPer; ++i) {
             const int ch = tid + i * kWgThreads;
             if (kWChunks % kWgThreads == 0 || ch < kWChunks) {
-                const bool ok = jn == kWgBK || ch * 4 < jn * K * kTileN;
-                ptx::cp_async16(base + ch * 16, ok ? c.p + i * kWgThreads * 4 : packed_t, ok);
+                const int cc = ch % kTChunks;
+                const bool ok = !((c.zf >> i) & 1u) && (jn == kWgBK || cc * 4 < jn * K * kTileN);
+                ptx::cp_async16(base + ch * 16, ok ? c.p[i] : packed_t, ok);
             }
         }
         if (tid < S::kAbsBytes / 16) {
-            const bool ok = jn == kWgBK || tid * 16 < jn * kTileN;
+            const int cc = tid % (kWgBK * kTileN / 16);
+            const bool ok = !((c.zf >> kWPer) & 1u) && (jn == kWgBK || cc * 16 < jn * kTileN);
             ptx::cp_async16(base + S::kBWords * 4 + tid * 16, ok ? c.a : absmax_t, ok);
         }
         if (next_unit(c.n)) {
             w_seek(c);
         } else {
-            c.p += kWgBK * K * kTileN;
+#pragma unroll
+            for (int i = 0; i < kWPer; ++i) c.p[i] += kWgBK * K * kTileN;
             c.a += kWgBK * kTileN;
         }
     };
@@ -218,18 +241,25 @@ __global__ void __launch_bounds__(kWgThreads, 2)
 
     const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
     const char* tblc = reinterpret_cast<const char*>(tbl);
-    const int c0 = 16 * warp + 2 * r8;  // this lane's first feature in the layout tile
-    float acc[32];
-    uint32_t a[kWgBK][2][4];  // A fragments: [block][k16 half][register]
-    // This lane's plane words and absmax bytes of block blk of weight slot wslot. Both blocks of a
-    // stage are read at its start, so block 1's loads overlap block 0's decode. (Reading the next
-    // stage's block 0 during block 1 made ptxas serialize the wgmmas: C7513.)
-    auto read_planes = [&](int wslot, int blk, uint2 (&pw)[K], uint32_t& ab) {
+    const int tw = warp >> 2;                    // this warpgroup's layout tile in the row tile
+    const int c0 = 32 * (warp & 3) + 4 * r8;     // this lane's first feature in that layout tile
+    float acc[2][32];                            // [m64 tile][fragment]
+    uint32_t a[2][2][4];                         // A fragments: [k16 half][m64 tile][register]
+    // This lane's plane words (features c0..c0 + 3) and absmax bytes of block blk of weight slot
+    // wslot; the next block's are read once this block's group words are formed, so their loads
+    // overlap this block's table lookups.
+    auto read_planes = [&](int wslot, int blk, uint4 (&pw)[K], uint32_t& ab) {
         const unsigned char* base = stages + wslot * S::kStageBytes;
-        const uint32_t* b_s = reinterpret_cast<const uint32_t*>(base);
+        const uint32_t* b_s = reinterpret_cast<const uint32_t*>(base) + tw * S::kTileWords;
 #pragma unroll
-        for (int b = 0; b < K; ++b) pw[b] = *reinterpret_cast<const uint2*>(b_s + (blk * K + b) * kTileN + c0);
-        ab = *reinterpret_cast<const uint16_t*>(base + S::kBWords * 4 + blk * kTileN + c0);
+        for (int b = 0; b < K; ++b) pw[b] = *reinterpret_cast<const uint4*>(b_s + (blk * K + b) * kTileN + c0);
+        ab = *reinterpret_cast<const uint32_t*>(base + S::kBWords * 4 + (tw * kWgBK + blk) * kTileN + c0);
+    };
+    auto fence_acc = [&]() {
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int r = 0; r < 32; ++r) ptx::reg_fence(acc[i][r]);
     };
 
     int q = u0 / nst;  // row tile of the current segment
@@ -238,7 +268,9 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     for (int u = u0; u < u1;) {
         const int seg_end = min(u1, (q + 1) * nst);
 #pragma unroll
-        for (int i = 0; i < 32; ++i) acc[i] = 0.f;
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int r = 0; r < 32; ++r) acc[i][r] = 0.f;
         for (; u < seg_end; ++u, ++it) {
             ptx::cp_async_wait<2>();          // this thread's copies of stage it (x and weights)
             ptx::fence_proxy_async_smem();    // visible to the tensor cores' reads of x
@@ -250,68 +282,68 @@ __global__ void __launch_bounds__(kWgThreads, 2)
             const int slot = it % kWgXSlots, wslot = it % kWgWSlots;
             const uint32_t xs = tbl_s + static_cast<uint32_t>(slot * kWgRows * 256 + 128);
             static_assert(kWgBK == 2, "two blocks per stage");
-            uint2 pw0[K], pw1[K];
-            uint32_t ab0, ab1;
-            read_planes(wslot, 0, pw0, ab0);
-            read_planes(wslot, 1, pw1, ab1);
+            uint4 pw[K];
+            uint32_t ab;
+            read_planes(wslot, 0, pw, ab);
 #pragma unroll
             for (int blk = 0; blk < kWgBK; ++blk) {
-                uint2 pw[K];
+                uint32_t gw[4], s2[4];  // rotr(group word, g) and the scale pair of features c0 + s
 #pragma unroll
-                for (int b = 0; b < K; ++b) pw[b] = blk ? pw1[b] : pw0[b];
-                const uint32_t ab = blk ? ab1 : ab0;
-                uint32_t gw[2], s2[2];  // rotr(group word, g) and the scale pair of features c0, c0 + 1
-#pragma unroll
-                for (int s = 0; s < 2; ++s) {
+                for (int s = 0; s < 4; ++s) {
                     uint32_t p[K];
 #pragma unroll
-                    for (int b = 0; b < K; ++b) p[b] = s ? pw[b].y : pw[b].x;
+                    for (int b = 0; b < K; ++b) p[b] = s == 0 ? pw[b].x : s == 1 ? pw[b].y : s == 2 ? pw[b].z : pw[b].w;
                     gw[s] = rotr32(group_word<K>(p, g), g);
                     s2[s] = tbl[kWideLutWords + __byte_perm(ab, 0u, 0x4440u | s)];
                 }
-                ptx::wgmma_wait<1>();  // this block's registers: the previous stage's group of it is done
+                if (blk + 1 < kWgBK) read_planes(wslot, blk + 1, pw, ab);  // overlaps this block's decode
+                // One commit group per k16 half (both m64 tiles), A registers a[kk]: the group two back
+                // used them, so wait until at most one group (the previous half's) is pending.
 #pragma unroll
                 for (int kk = 0; kk < 2; ++kk) {
-                    // a0 / a1: rows r8 / r8 + 8 (features c0 / c0 + 1) at inputs 2g, 2g + 1 of the k16
-                    // half; a2 / a3: the same rows at inputs 2g + 8, 2g + 9 (pair bytes 2kk, 2kk + 1).
+                    ptx::wgmma_wait<1>();
 #pragma unroll
-                    for (int s = 0; s < 2; ++s) {
-                        const uint32_t o0 = wide_lut_off(gw[s], 2 * kk, lane4);
-                        const uint32_t o1 = wide_lut_off(gw[s], 2 * kk + 1, lane4);
-                        a[blk][kk][s] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + o0), s2[s]);
-                        a[blk][kk][2 + s] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + o1), s2[s]);
-                    }
+                    for (int i = 0; i < 2; ++i)
+                        // m64 tile i, rows r8 / r8 + 8 = features c0 + 2i / c0 + 2i + 1: a0 / a1 at
+                        // inputs 2g, 2g + 1 of the k16 half (pair byte 2kk), a2 / a3 at 2g + 8, 2g + 9.
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const int sf = 2 * i + h;
+                            const uint32_t o0 = wide_lut_off(gw[sf], 2 * kk, lane4);
+                            const uint32_t o1 = wide_lut_off(gw[sf], 2 * kk + 1, lane4);
+                            a[kk][i][h] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + o0), s2[sf]);
+                            a[kk][i][2 + h] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + o1), s2[sf]);
+                        }
+                    fence_acc();
+                    ptx::wgmma_fence();
+                    const uint64_t desc =
+                        ptx::wgmma_desc(xs + static_cast<uint32_t>((blk * 4 + kk * 2) * 256), 256, 8 * 256);
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) ptx::wgmma_m64n64k16<T>(acc[i], a[kk][i], desc, 1);
+                    ptx::wgmma_commit();
+                    fence_acc();
                 }
-#pragma unroll
-                for (int i = 0; i < 32; ++i) ptx::reg_fence(acc[i]);
-                ptx::wgmma_fence();
-#pragma unroll
-                for (int kk = 0; kk < 2; ++kk) {
-                    const uint32_t start = xs + static_cast<uint32_t>((blk * 4 + kk * 2) * 256);
-                    ptx::wgmma_m64n64k16<T>(acc, a[blk][kk], ptx::wgmma_desc(start, 256, 8 * 256), 1);
-                }
-                ptx::wgmma_commit();
-#pragma unroll
-                for (int i = 0; i < 32; ++i) ptx::reg_fence(acc[i]);
             }
         }
         ptx::wgmma_wait<0>();
-#pragma unroll
-        for (int i = 0; i < 32; ++i) ptx::reg_fence(acc[i]);
+        fence_acc();
 
-        // End of this CTA's segment of row tile q. acc[4j + h]: feature f0, x row 8j + 2g + h of the
-        // tile; acc[4j + 2 + h]: feature f0 + 1, the same row.
+        // End of this CTA's segment of row tile q. acc[i][4j + h]: feature f0 + 2i, x row 8j + 2g + h
+        // of the tile; acc[i][4j + 2 + h]: feature f0 + 2i + 1, the same row.
         const int st_last = u - 1 - q * nst;
-        const int t = q / m_tiles, mt = q - t * m_tiles;
-        const int f0 = t * kTileN + c0;
+        const int rt = q / m_tiles, mt = q - rt * m_tiles;
+        const int f0 = (rt * kWgTW + tw) * kTileN + c0;
         bool write = true;
         if (!(seg_from_start && st_last == nst - 1)) {
             const long long first = static_cast<long long>(q) * nst, lastu = first + nst - 1;
             const long long wf = sk_owner(first, units, ctas), wl = sk_owner(lastu, units, ctas);
-            float* mine = ws + static_cast<size_t>(q) * kWgTileFloats + (warp * 8 * 32 + lane) * 4;
+            float* mine = ws + static_cast<size_t>(q) * kWgTileFloats + (warp * 2 * 8 * 32 + lane) * 4;
 #pragma unroll
-            for (int j = 0; j < 8; ++j)
-                red_add4(mine + j * 128, acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+                    red_add4(mine + (i * 8 + j) * 128, acc[i][4 * j], acc[i][4 * j + 1], acc[i][4 * j + 2],
+                             acc[i][4 * j + 3]);
             __threadfence();
             __syncthreads();
             if (tid == 0) {
@@ -324,31 +356,36 @@ __global__ void __launch_bounds__(kWgThreads, 2)
             if (write) {
                 __threadfence();
 #pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    float4* src = reinterpret_cast<float4*>(mine + j * 128);
-                    const float4 v = __ldcg(src);
-                    __stcg(src, make_float4(0.f, 0.f, 0.f, 0.f));
-                    acc[4 * j] = v.x, acc[4 * j + 1] = v.y, acc[4 * j + 2] = v.z, acc[4 * j + 3] = v.w;
-                }
+                for (int i = 0; i < 2; ++i)
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) {
+                        float4* src = reinterpret_cast<float4*>(mine + (i * 8 + j) * 128);
+                        const float4 v = __ldcg(src);
+                        __stcg(src, make_float4(0.f, 0.f, 0.f, 0.f));
+                        acc[i][4 * j] = v.x, acc[i][4 * j + 1] = v.y, acc[i][4 * j + 2] = v.z, acc[i][4 * j + 3] = v.w;
+                    }
             }
         }
-        if (write) {
-            const float b0 = (bias != nullptr && f0 < N) ? to_float(bias[f0]) : 0.f;
-            const float b1 = (bias != nullptr && f0 + 1 < N) ? to_float(bias[f0 + 1]) : 0.f;
-            const bool pair = (N % 2 == 0) && f0 + 1 < N;
+        if (write && f0 < N) {
+            float bv[4];
+#pragma unroll
+            for (int s = 0; s < 4; ++s) bv[s] = (bias != nullptr && f0 + s < N) ? to_float(bias[f0 + s]) : 0.f;
+            const bool vec = N % 4 == 0;  // f0 is a multiple of 4: all four features in range
 #pragma unroll
             for (int j = 0; j < 8; ++j)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int row = mt * kWgRows + 8 * j + 2 * g + h;
-                    if (row >= M || f0 >= N) continue;
+                    if (row >= M) continue;
                     T* dst = y + static_cast<size_t>(row) * N + f0;
-                    const float v0 = acc[4 * j + h] + b0, v1 = acc[4 * j + 2 + h] + b1;
-                    if (pair) {
-                        *reinterpret_cast<uint32_t*>(dst) = pack2<T>(v0, v1);
+                    const float v[4] = {acc[0][4 * j + h] + bv[0], acc[0][4 * j + 2 + h] + bv[1],
+                                        acc[1][4 * j + h] + bv[2], acc[1][4 * j + 2 + h] + bv[3]};
+                    if (vec) {
+                        *reinterpret_cast<uint2*>(dst) = make_uint2(pack2<T>(v[0], v[1]), pack2<T>(v[2], v[3]));
                     } else {
-                        dst[0] = from_float<T>(v0);
-                        if (f0 + 1 < N) dst[1] = from_float<T>(v1);
+#pragma unroll
+                        for (int s = 0; s < 4; ++s)
+                            if (f0 + s < N) dst[s] = from_float<T>(v[s]);
                     }
                 }
         }
@@ -408,8 +445,8 @@ int wgmma_ctas_per_sm(int k) {
 template int wgmma_ctas_per_sm<half>(int);
 template int wgmma_ctas_per_sm<__nv_bfloat16>(int);
 
-// ctas: grid size, 1..units where units = ceil(N / 128) * ceil(M / 64) * ceil(nb / 2). ws: a
-// zeroed fp32 accumulator of ceil(N / 128) * ceil(M / 64) row tiles of 64 x 128 floats, counters
+// ctas: grid size, 1..units where units = ceil(N / 256) * ceil(M / 64) * ceil(nb / 2). ws: a
+// zeroed fp32 accumulator of ceil(N / 256) * ceil(M / 64) row tiles of 64 x 256 floats, counters
 // as many zeroed int32; both are left zero.
 template <typename T>
 int launch_wgmma(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int k, int M,
@@ -417,7 +454,7 @@ int launch_wgmma(const void* x, const void* pt, const uint8_t* at, const float* 
     if (M == 0 || N <= 0) return 0;
     int smem = 0;
     const void* f = wgmma_pick<T>(k, &smem);
-    const long long units = ((N + kTileN - 1) / kTileN) * static_cast<long long>((M + kWgRows - 1) / kWgRows) *
+    const long long units = ((N + kWgCols - 1) / kWgCols) * static_cast<long long>((M + kWgRows - 1) / kWgRows) *
                             ((nb + kWgBK - 1) / kWgBK);
     if (f == nullptr || nb <= 0 || M < 0 || ctas < 1 || ctas > units || units > (1LL << 30) || ws == nullptr ||
         counters == nullptr || !wgmma_device_ok())

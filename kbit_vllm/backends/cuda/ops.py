@@ -162,6 +162,7 @@ def mma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int,
 
 
 WGMMA_ROWS = 64  # x rows per row tile of the Hopper kernel (csrc/kbit_wgmma.cu)
+WGMMA_COLS = 256  # features per row tile there (two 128-feature layout tiles)
 WGMMA_STAGE_BLOCKS = 2  # quantization blocks per stream-K work unit there
 _WG_OCC: dict[tuple[int, int, str], int] = {}
 
@@ -174,13 +175,13 @@ def wgmma_ok(dev: torch.device, k: int) -> bool:
 
 def wgmma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int) -> tuple[int, int]:
     """(ctas, row_tiles) of the stream-K wgmma kernel: one wave (resident CTAs per SM x SMs), never
-    more than the (row tile, stage) units; a row tile is 128 features x 64 rows of x."""
+    more than the (row tile, stage) units; a row tile is WGMMA_COLS features x 64 rows of x."""
     key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, sfx)
     if key not in _WG_OCC:
         _WG_OCC[key] = int(getattr(LIB, f"kbit_vllm_wgmma_ctas_per_sm_{sfx}")(_i(k)))
     if _WG_OCC[key] <= 0:
         raise RuntimeError(f"kbit wgmma kernel (k={k}) cannot be resident on this GPU")
-    row_tiles = ((n + 127) // 128) * -(-m // WGMMA_ROWS)
+    row_tiles = -(-n // WGMMA_COLS) * -(-m // WGMMA_ROWS)
     units = row_tiles * -(-nb // WGMMA_STAGE_BLOCKS)
     return min(_WG_OCC[key] * _sms(dev), units), row_tiles
 
@@ -280,7 +281,7 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
                              f"{torch.cuda.get_device_capability(dev)}")
         ctas, row_tiles = wgmma_config(dev, sfx, k, m, out_features, nb)
         # Partial row tiles: a zeroed fp32 accumulator per row tile and a counter (both left zeroed).
-        ws = scratch(dev, "accum", row_tiles * WGMMA_ROWS * 128)
+        ws = scratch(dev, "accum", row_tiles * WGMMA_ROWS * WGMMA_COLS)
         ctr = scratch(dev, "counters", row_tiles)
         check(getattr(LIB, f"kbit_vllm_wgmma_{sfx}")(
             _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(bias), _i(k), _i(m),
@@ -322,7 +323,9 @@ def kbit_linear(x: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch
     if not x2.is_contiguous() or x2.data_ptr() % 16:
         x2 = x2.contiguous() if not x2.is_contiguous() else x2.clone()
     dev = x.device
-    path = dispatch.choose_path(x2.shape[0], torch.cuda.get_device_capability(dev), x2.shape[1] * out_features, k)
+    wgmma = not dispatch.deterministic() and wgmma_ok(dev, k)
+    path = dispatch.choose_path(x2.shape[0], torch.cuda.get_device_capability(dev), x2.shape[1] * out_features, k,
+                                wgmma)
     with torch.cuda.device(dev):
         y = linear_path(x2, packed_tiled.contiguous(), absmax_tiled.contiguous(), codebook.contiguous(),
                         None if bias is None else bias.contiguous(), k, out_features, path)
