@@ -51,3 +51,19 @@ def test_kbit_gemv_rows_by_bits() -> None:
     assert dispatch.choose_path(4, (9, 0), 4096 * 4096, 4) == "mma"
     assert dispatch.choose_path(4, (9, 0), 4096 * 4096, 5) == "gemv"
     assert dispatch.choose_path(5, (9, 0), 4096 * 4096, 5) == "mma"
+
+
+def test_kbit_wgmma_rows() -> None:
+    """H200: the wgmma kernel takes M = 33..128 on layers above MMA_SMALL_LAYER where it can run
+    (ops.wgmma_ok, not deterministic mode); elsewhere the MMA / dequantize + cuBLAS rules stand."""
+    big, small = 4096 * 28672, 2048 * 2048
+    first, last = dispatch.WGMMA_ROWS[(9, 0)]
+    assert dispatch.choose_path(first, (9, 0), big, 4, wgmma=True) == "wgmma"
+    assert dispatch.choose_path(last, (9, 0), big, 2, wgmma=True) == "wgmma"
+    assert dispatch.choose_path(first - 1, (9, 0), big, 4, wgmma=True) == "mma"
+    assert dispatch.choose_path(last + 1, (9, 0), big, 4, wgmma=True) == "dequant"
+    assert dispatch.choose_path(first, (9, 0), big, 4, wgmma=False) == "mma"
+    assert dispatch.choose_path(last, (9, 0), big, 4, wgmma=False) == "dequant"
+    assert dispatch.choose_path(first, (9, 0), big, 5, wgmma=True) == "mma"  # k = 5: no wgmma kernel
+    assert dispatch.choose_path(first, (9, 0), small, 4, wgmma=True) == "dequant"
+    assert dispatch.choose_path(first, (8, 0), big, 4, wgmma=True) != "wgmma"

@@ -38,6 +38,7 @@ def m_ranges(choose: Callable[[int], str], names: dict[str, str]) -> list[str]:
 
 
 KBIT_NAMES = {"gemv": "GEMV (shared-memory codebook decode, split-K)", "mma": "tensor-core MMA (split-K)",
+              "wgmma": "Hopper wgmma (layers above 12 M weights; smaller ones dequantize + cuBLAS)",
               "dequant": "dequantize to a buffer + cuBLAS"}
 AWQ_NAMES = {"gemv": "LOP3 GEMV / small batch (stream-K at M<=4 on large layers)",
              "mma": "tensor-core LOP3 MMA (split-K)", "dequant": "dequantize to a buffer + cuBLAS"}
@@ -49,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
 
     import kbit_vllm
     from kbit_vllm.backends.cuda import awq_ops, dispatch
+    from kbit_vllm.backends.cuda import ops as cuda_ops
     from kbit_vllm.backends.cuda.library import device_supported
 
     print(f"kbit_vllm {kbit_vllm.__version__}  python {platform.python_version()}  torch {torch.__version__}  "
@@ -70,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
     print("\nkernels by M (rows of the activation, fp16/bf16):")
     if gpu_ok:
         print(f"  kbit (sm_{cc[0]}{cc[1]} table in backends/cuda/dispatch.py):")
-        for line in m_ranges(lambda m: dispatch.choose_path(m, cc), KBIT_NAMES):
+        wgmma = cuda_ops.wgmma_ok(torch.device("cuda"), 4) and not dispatch.deterministic()
+        for line in m_ranges(lambda m: dispatch.choose_path(m, cc, wgmma=wgmma), KBIT_NAMES):
             print(f"    {line}")
         print(f"  awq_orin (sm_{cc[0]}{cc[1]} table in backends/cuda/awq_ops.py):")
         for line in m_ranges(lambda m: awq_ops.choose_path(m, cc), AWQ_NAMES):

@@ -75,14 +75,31 @@ MMA_SMALL_LAYER_M = 32
 MMA_SMALL_LAYER = 12 * 1024 * 1024
 
 
-def choose_path(m: int, capability: tuple[int, int], weights: int | None = None, k: int = 4) -> str:
-    """'gemv', 'mma' or 'dequant' for an activation with m rows of a k-bit layer (weights: in x out
-    of the layer). k = 5 keeps the GEMV up to GEMV_MAX_M rows: the table thresholds assume the MMA
-    variant 5, which covers k <= 4 only."""
+# Rows (first, last) that the Hopper wgmma kernel (csrc/kbit_wgmma.cu) takes from the MMA and from
+# dequantize + cuBLAS, where it can run (compute capability 9.0, k <= 4, an sm_90a library, not
+# deterministic mode) and the layer is above MMA_SMALL_LAYER. H200 2026-11-22 session 8, k=4 fp16
+# µs, mma (v2) or the op's dequantize + cuBLAS / wgmma, 4096x28672, 14336x4096, 4096x6144,
+# 4096x4096: M=33 67.0 / 60.4, 35.9 / 34.7, 21.4 / 20.4, 17.0 / 17.9; M=64 70.3 / 64.7, 37.8 /
+# 36.8, 23.0 / 21.6, 18.3 / 18.6; M=128 (dequantize + cuBLAS) 146.4 / 113.1, 79.6 / 62.0, 33.3 /
+# 33.0, 26.3 / 26.6. At M=32 variant 5 (32-row tiles) is faster.
+WGMMA_ROWS: dict[tuple[int, int], tuple[int, int]] = {
+    (9, 0): (33, 128),
+}
+
+
+def choose_path(m: int, capability: tuple[int, int], weights: int | None = None, k: int = 4,
+                wgmma: bool = False) -> str:
+    """'gemv', 'mma', 'wgmma' or 'dequant' for an activation with m rows of a k-bit layer (weights:
+    in x out of the layer; wgmma: whether the wgmma kernel can run here, ops.wgmma_ok outside
+    deterministic mode). k = 5 keeps the GEMV up to GEMV_MAX_M rows: the table thresholds assume
+    the MMA variant 5, which covers k <= 4 only."""
     gemv_max, mma_max = thresholds(capability)
     if m <= (min(gemv_max, GEMV_MAX_M) if k <= 4 else GEMV_MAX_M):
         return "gemv"
     small = weights is not None and weights <= MMA_SMALL_LAYER
+    wg_first, wg_last = WGMMA_ROWS.get(capability, (0, -1))
+    if wgmma and k <= 4 and wg_first <= m <= wg_last and not small:
+        return "wgmma"
     return "mma" if m <= mma_max and not (m > MMA_SMALL_LAYER_M and small) else "dequant"
 
 
