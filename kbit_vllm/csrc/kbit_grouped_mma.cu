@@ -228,14 +228,7 @@ __global__ void __launch_bounds__(kGmThreads, GmmaCfg<K, BM>::kMinCtas) grouped_
                     if (r < m1) st_pair(wsp + static_cast<size_t>(r) * N + c, pairs, c, N, acc[i][s][2 * h],
                                         acc[i][s][2 * h + 1]);
                 }
-        __threadfence();
-        __syncthreads();
-        __shared__ int last;
-        int* ctr = counters + static_cast<size_t>(blockIdx.y) * gridDim.x + tile;
-        if (tid == 0) last = atomicAdd(ctr, 1) == splits - 1;
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
+        if (!sk_cta_arrive_last(counters + static_cast<size_t>(blockIdx.y) * gridDim.x + tile, splits - 1)) return;
         float own[S::kMT][S::kNT][4];
 #pragma unroll
         for (int i = 0; i < S::kMT; ++i)
@@ -267,7 +260,6 @@ __global__ void __launch_bounds__(kGmThreads, GmmaCfg<K, BM>::kMinCtas) grouped_
                         }
                     }
         }
-        if (tid == 0) *ctr = 0;
     }
     const bool ypairs = pairs && (reinterpret_cast<uintptr_t>(y) & 3) == 0;
 #pragma unroll

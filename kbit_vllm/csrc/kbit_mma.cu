@@ -214,7 +214,6 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW, V>::kMinBlocks)
     constexpr int kBK = S::kBK;
     constexpr int kStages = S::kStages;
     extern __shared__ __align__(16) unsigned char smem_mma[];
-    __shared__ int last_flag;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane & 3, col8 = lane >> 2;
     const int tw_w = warp / S::kWarpsPerTile;                        // layout tile of this warp in the row tile
@@ -562,17 +561,8 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW, V>::kMinBlocks)
                         }
                     }
             }
-            __threadfence();
-            __syncthreads();
-            if (tid == 0) {
-                const int old = atomicAdd(counters + rt, 1);
-                last_flag = old == static_cast<int>(wl - wf);
-                if (last_flag) counters[rt] = 0;  // every other CTA of this row tile has counted
-            }
-            __syncthreads();
-            write = last_flag != 0;
+            write = sk_cta_arrive_last(counters + rt, static_cast<int>(wl - wf));
             if (write) {
-                __threadfence();
                 if (det) {
 #pragma unroll
                     for (int i = 0; i < MB; ++i)

@@ -76,7 +76,6 @@ __global__ void __launch_bounds__(kWgThreads, 2)
 #if defined(KBIT_WGMMA)
     using S = WgCfg<K>;
     extern __shared__ __align__(128) unsigned char smem_wg[];
-    __shared__ int last_flag;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane & 3, r8 = lane >> 2;
     const int n_tiles = (N + kTileN - 1) / kTileN;
@@ -344,17 +343,8 @@ __global__ void __launch_bounds__(kWgThreads, 2)
                 for (int j = 0; j < 8; ++j)
                     red_add4(mine + (i * 8 + j) * 128, acc[i][4 * j], acc[i][4 * j + 1], acc[i][4 * j + 2],
                              acc[i][4 * j + 3]);
-            __threadfence();
-            __syncthreads();
-            if (tid == 0) {
-                const int old = atomicAdd(counters + q, 1);
-                last_flag = old == static_cast<int>(wl - wf);
-                if (last_flag) counters[q] = 0;  // every other CTA of this row tile has counted
-            }
-            __syncthreads();
-            write = last_flag != 0;
+            write = sk_cta_arrive_last(counters + q, static_cast<int>(wl - wf));
             if (write) {
-                __threadfence();
 #pragma unroll
                 for (int i = 0; i < 2; ++i)
 #pragma unroll

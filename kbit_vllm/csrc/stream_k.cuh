@@ -53,6 +53,24 @@ __device__ __forceinline__ bool sk_warp_arrive_last(int* counter, int others) {
     return true;
 }
 
+// The CTA-wide form of sk_warp_arrive_last, for kernels whose CTAs (not warps) share a tile: called
+// by every thread after its reductions into the tile's accumulator; returns true in every thread
+// of the last of the tile's `others` + 1 CTAs, which then sees every CTA's sums (read them with
+// __ldcg) and must leave the accumulator zeroed; the counter is reset here.
+__device__ __forceinline__ bool sk_cta_arrive_last(int* counter, int others) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(counter, 1) == others;
+        if (last) *counter = 0;  // every other CTA of this tile has counted
+    }
+    __syncthreads();
+    const bool is_last = last != 0;
+    if (is_last) __threadfence();
+    return is_last;
+}
+
 // One step of warp_reduce_scatter per H = N/2, N/4, ..., 1: trade H values with the lane
 // 32H / N away; lanes with that bit set keep the upper half v[H..2H) (moved down), the others
 // the lower half. (Template recursion: every index stays a constant, so v stays in registers.)
