@@ -161,27 +161,37 @@ def mma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int,
     return mb, tw, min(occ * _sms(dev), units), units
 
 
-WGMMA_ROWS = 64  # x rows per row tile of the Hopper kernel (csrc/kbit_wgmma.cu)
-WGMMA_COLS = 256  # features per row tile there (two 128-feature layout tiles)
+# Row tile of the Hopper kernel (csrc/kbit_wgmma.cu); dispatch.WGMMA_ROWS is the range of M it serves.
+WGMMA_TILE_ROWS = 64  # x rows per row tile
+WGMMA_TILE_COLS = 256  # features per row tile (two 128-feature layout tiles)
 WGMMA_STAGE_BLOCKS = 2  # quantization blocks per stream-K work unit there
 _WG_OCC: dict[tuple[int, int, str], int] = {}
+_WG_DEV: dict[int, bool] = {}  # device index -> compute capability 9.0 with an sm_90a library
 
 
-def wgmma_ok(dev: torch.device, k: int) -> bool:
+def wgmma_ok(dev: torch.device | str, k: int) -> bool:
     """Whether the Hopper kernel (wgmma, sm_90a only) serves k bits on dev: k <= 4 (pair-table
-    decode), compute capability 9.0, and a library built for sm_90a (an sm_90 build has no wgmma)."""
-    return k <= 4 and "sm_90a" in STATUS.archs and torch.cuda.get_device_capability(dev) == (9, 0)
+    decode), compute capability 9.0, and a library built for sm_90a (an sm_90 build has no wgmma).
+    The device part is looked up once per device (kbit_linear asks on every call)."""
+    if k > 4:
+        return False
+    dev = torch.device(dev)
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    if idx not in _WG_DEV:
+        _WG_DEV[idx] = "sm_90a" in STATUS.archs and torch.cuda.get_device_capability(idx) == (9, 0)
+    return _WG_DEV[idx]
 
 
 def wgmma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int) -> tuple[int, int]:
     """(ctas, row_tiles) of the stream-K wgmma kernel: one wave (resident CTAs per SM x SMs), never
-    more than the (row tile, stage) units; a row tile is WGMMA_COLS features x 64 rows of x."""
+    more than the (row tile, stage) units; a row tile is WGMMA_TILE_COLS features x WGMMA_TILE_ROWS
+    rows of x."""
     key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, sfx)
     if key not in _WG_OCC:
         _WG_OCC[key] = int(getattr(LIB, f"kbit_vllm_wgmma_ctas_per_sm_{sfx}")(_i(k)))
     if _WG_OCC[key] <= 0:
         raise RuntimeError(f"kbit wgmma kernel (k={k}) cannot be resident on this GPU")
-    row_tiles = -(-n // WGMMA_COLS) * -(-m // WGMMA_ROWS)
+    row_tiles = -(-n // WGMMA_TILE_COLS) * -(-m // WGMMA_TILE_ROWS)
     units = row_tiles * -(-nb // WGMMA_STAGE_BLOCKS)
     return min(_WG_OCC[key] * _sms(dev), units), row_tiles
 
@@ -281,7 +291,7 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
                              f"{torch.cuda.get_device_capability(dev)}")
         ctas, row_tiles = wgmma_config(dev, sfx, k, m, out_features, nb)
         # Partial row tiles: a zeroed fp32 accumulator per row tile and a counter (both left zeroed).
-        ws = scratch(dev, "accum", row_tiles * WGMMA_ROWS * WGMMA_COLS)
+        ws = scratch(dev, "accum", row_tiles * WGMMA_TILE_ROWS * WGMMA_TILE_COLS)
         ctr = scratch(dev, "counters", row_tiles)
         check(getattr(LIB, f"kbit_vllm_wgmma_{sfx}")(
             _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(bias), _i(k), _i(m),
