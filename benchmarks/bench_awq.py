@@ -27,6 +27,7 @@ from bench_kbit import LLAMA, MS, SEED_DENSE, fmt, make_tinygemm, n_copies, star
 
 from kbit_vllm import ops  # noqa: E402
 from kbit_vllm.backends.cuda import awq_ops  # noqa: E402
+from kbit_vllm.backends.cuda.ops import wgmma_ok  # noqa: E402
 from kbit_vllm.formats import quantize_awq_rtn  # noqa: E402
 
 GROUP = 128
@@ -48,7 +49,8 @@ def bench_shape(name: str, in_f: int, out_f: int, ms: list[int], bw: float, cap:
         x = torch.randn(m, in_f, device="cuda", dtype=dt)
         r: dict = {"shape": name, "in": in_f, "out": out_f, "M": m}
         sk = m <= awq_ops.SK_MAX_M and awq_ops.gemv_sk_units(in_f, out_f) >= awq_ops.SK_WARPS
-        for path in (["gemv_sk"] if sk else []) + (["gemv_warp"] if m <= 8 else []) + ["mma", "dequant"]:
+        wg = ["wgmma"] if m >= 5 and wgmma_ok(x.device, 4) else []
+        for path in (["gemv_sk"] if sk else []) + (["gemv_warp"] if m <= 8 else []) + ["mma", *wg, "dequant"]:
             try:
                 r[path] = time_graph([
                     (lambda c=c, p=path, x=x: awq_ops.linear_path(x, c[0], c[1], None, GROUP, out_f, p))
@@ -71,15 +73,15 @@ def bench_shape(name: str, in_f: int, out_f: int, ms: list[int], bw: float, cap:
 def print_tables(rows: list[dict], dtype: str = "fp16") -> None:
     for m in sorted({r["M"] for r in rows}):
         print(f"\n### awq_orin, M = {m} (µs per call, group {GROUP}, {dtype})\n")
-        print(f"| shape (in x out) | gemv (stream-K) | gemv (warp) | mma | dequant+cuBLAS | op | cuBLAS {dtype} "
-              "| tinygemm int4 | best | vs cuBLAS | vs tinygemm | floor | best/floor |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        print(f"| shape (in x out) | gemv (stream-K) | gemv (warp) | mma | wgmma | dequant+cuBLAS | op | "
+              f"cuBLAS {dtype} | tinygemm int4 | best | vs cuBLAS | vs tinygemm | floor | best/floor |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in (r for r in rows if r["M"] == m):
-            best = min(r[p] for p in (*GEMV_PATHS, "mma", "dequant") if p in r)
+            best = min(r[p] for p in (*GEMV_PATHS, "mma", "wgmma", "dequant") if p in r)
             tg = r.get("tinygemm_int4")
             print(f"| {r['shape']} {r['in']}x{r['out']} | {fmt(r.get('gemv_sk'))} | {fmt(r.get('gemv_warp'))} | "
-                  f"{fmt(r.get('mma'))} | {fmt(r.get('dequant'))} | {fmt(r['op'])} | {fmt(r['cublas_fp16'])} | "
-                  f"{fmt(tg)} | {best:.1f} | {r['cublas_fp16'] / best:.2f}x | "
+                  f"{fmt(r.get('mma'))} | {fmt(r.get('wgmma'))} | {fmt(r.get('dequant'))} | {fmt(r['op'])} | "
+                  f"{fmt(r['cublas_fp16'])} | {fmt(tg)} | {best:.1f} | {r['cublas_fp16'] / best:.2f}x | "
                   f"{'-' if tg is None else f'{tg / best:.2f}x'} | {r['floor']:.1f} | {best / r['floor']:.2f} |")
 
 

@@ -67,3 +67,24 @@ def test_kbit_wgmma_rows() -> None:
     assert dispatch.choose_path(first, (9, 0), big, 5, wgmma=True) == "mma"  # k = 5: no wgmma kernel
     assert dispatch.choose_path(first, (9, 0), small, 4, wgmma=True) == "dequant"
     assert dispatch.choose_path(first, (8, 0), big, 4, wgmma=True) != "wgmma"
+
+
+def test_awq_wgmma_rows() -> None:
+    """H200: awq_orin's wgmma kernel takes M = 33..192 on layers above WGMMA_MIN_WEIGHTS and from
+    M = 17 on layers above WGMMA_EARLY's size, where it can run; elsewhere DISPATCH stands."""
+    from kbit_vllm.backends.cuda import awq_ops
+
+    huge, big, small = 4096 * 28672, 4096 * 6144, 2048 * 5120
+    first, last = awq_ops.WGMMA_ROWS[(9, 0)]
+    early = awq_ops.WGMMA_EARLY[0]
+    assert awq_ops.choose_path(first, (9, 0), True, big) == "wgmma"
+    assert awq_ops.choose_path(last, (9, 0), True, big) == "wgmma"
+    assert awq_ops.choose_path(first - 1, (9, 0), True, big) == "mma"
+    assert awq_ops.choose_path(early, (9, 0), True, huge) == "wgmma"
+    assert awq_ops.choose_path(early - 1, (9, 0), True, huge) == "mma"
+    assert awq_ops.choose_path(last + 1, (9, 0), True, huge) == "dequant"
+    assert awq_ops.choose_path(first, (9, 0), True, small) == "mma"
+    assert awq_ops.choose_path(last, (9, 0), True, small) == "dequant"
+    assert awq_ops.choose_path(first, (9, 0), False, big) == "mma"
+    assert awq_ops.choose_path(4, (9, 0), True, huge) == "gemv"
+    assert awq_ops.choose_path(first, (8, 0), True, big) != "wgmma"

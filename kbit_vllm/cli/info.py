@@ -41,7 +41,9 @@ KBIT_NAMES = {"gemv": "GEMV (shared-memory codebook decode, split-K)", "mma": "t
               "wgmma": "Hopper wgmma (layers above 12 M weights; smaller ones dequantize + cuBLAS)",
               "dequant": "dequantize to a buffer + cuBLAS"}
 AWQ_NAMES = {"gemv": "LOP3 GEMV / small batch (stream-K at M<=4 on large layers)",
-             "mma": "tensor-core LOP3 MMA (split-K)", "dequant": "dequantize to a buffer + cuBLAS"}
+             "mma": "tensor-core LOP3 MMA (split-K)",
+             "wgmma": "Hopper wgmma (layers above 12 M weights, from M=17 above 48 M; others MMA / dequantize)",
+             "dequant": "dequantize to a buffer + cuBLAS"}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         for line in m_ranges(lambda m: dispatch.choose_path(m, cc, wgmma=wgmma), KBIT_NAMES):
             print(f"    {line}")
         print(f"  awq_orin (sm_{cc[0]}{cc[1]} table in backends/cuda/awq_ops.py):")
-        for line in m_ranges(lambda m: awq_ops.choose_path(m, cc), AWQ_NAMES):
+        for line in m_ranges(lambda m: awq_ops.choose_path(m, cc, wgmma, 1 << 30), AWQ_NAMES):
             print(f"    {line}")
         print("  fp32 activations: PyTorch path")
     else:

@@ -35,8 +35,6 @@
 #include "pdl.cuh"
 #include "wgmma_ptx.cuh"
 
-#include <cstring>
-
 namespace kbit {
 
 namespace {
@@ -405,19 +403,7 @@ const void* wgmma_pick(int k, int* smem) {
 
 }  // namespace
 
-#ifndef KBIT_ARCHS
-#define KBIT_ARCHS ""
-#endif
-
-// Whether the current device can run the kernel: compute capability 9.0 (the only one with wgmma)
-// and sm_90a code in this library (an sm_90 build compiles the kernel to a trap).
-static bool wgmma_device_ok() {
-    int dev = 0, major = 0, minor = 0;
-    return std::strstr(KBIT_ARCHS, "sm_90a") != nullptr && cudaGetDevice(&dev) == cudaSuccess &&
-           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-           cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
-           minor == 0;
-}
+using ptx::wgmma_device_ok;
 
 // Resident CTAs per SM of the wgmma kernel for k bits, for sizing a one-wave grid; 0 on error, for
 // k outside 2..4, or where !wgmma_device_ok().

@@ -1,18 +1,36 @@
-// Hopper warpgroup MMA (wgmma) wrappers for kbit_wgmma.cu: fences, groups, the shared-memory
-// matrix descriptor and m64n64k16 with A in registers. wgmma exists on sm_90a only; KBIT_WGMMA is
-// defined where the compilation target has it (other targets compile the callers' fallbacks).
+// Hopper warpgroup MMA (wgmma) wrappers for kbit_wgmma.cu and awq_wgmma.cu: fences, groups, the
+// shared-memory matrix descriptor, m64n64k16 with A in registers, and the host's device check.
+// wgmma exists on sm_90a only; KBIT_WGMMA is defined where the compilation target has it (other
+// targets compile the callers' fallbacks).
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
+#include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <cstring>
 #include <type_traits>
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define KBIT_WGMMA 1
 #endif
 
+#ifndef KBIT_ARCHS
+#define KBIT_ARCHS ""
+#endif
+
 namespace ptx {
+
+// Host: whether the current device can run the wgmma kernels (kbit_wgmma.cu, awq_wgmma.cu):
+// compute capability 9.0 (the only one with wgmma) and sm_90a code in this library (an sm_90
+// build compiles them to a trap).
+inline bool wgmma_device_ok() {
+    int dev = 0, major = 0, minor = 0;
+    return std::strstr(KBIT_ARCHS, "sm_90a") != nullptr && cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
+           minor == 0;
+}
 
 #if defined(KBIT_WGMMA)
 // Orders this warp's earlier register writes (A fragments, accumulators) before the next wgmmas.

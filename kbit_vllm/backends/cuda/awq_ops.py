@@ -5,8 +5,9 @@ order kept (it is already the LOP3 pair order); sz [in/group, out, 2] in the act
 per output pair (s_2p, s_2p+1, b_2p, b_2p+1) with w = q * s + b. Every CUDA tensor uses this
 layout. Dispatch by M (rows after flattening) from DISPATCH: the GEMV / small-batch kernels (the
 stream-K GEMV for M <= 4 where the layer fills a wave, outside deterministic mode, else the warp
-GEMV), the tensor-core MMA kernel (split-K into a torch-allocated fp32 workspace), or dequantize
-into a torch buffer + cuBLAS through torch. awq_grouped_linear (MoE) runs the grouped GEMV or grouped
+GEMV), the tensor-core MMA kernel (split-K into a torch-allocated fp32 workspace), the Hopper wgmma
+kernel (stream-K, sm_90a, outside deterministic mode), or dequantize into a torch buffer + cuBLAS
+through torch. awq_grouped_linear (MoE) runs the grouped GEMV or grouped
 MMA over all experts in one launch. fp32 activations, or a GPU the library does not serve,
 use the same layout through PyTorch math.
 """
@@ -26,6 +27,7 @@ from .cargs import SUFFIX
 from .cargs import ptr as _ptr
 from .grouped_mm import grouped_mm_into, prefers_dequant
 from .library import LIB, check, kernels_usable, sm_count
+from .ops import wgmma_ok
 from .scratch import scratch
 
 # (largest M for the GEMV kernel, largest M for the MMA kernel) per compute capability, from
@@ -35,6 +37,18 @@ from .scratch import scratch
 # 40.8 vs 37.9 at M=5); the stream-K GEMV keeps M <= 4 (M=4 4096x6144: 11.4 vs 17.8 us).
 # dequant + cuBLAS wins past M=64. Other archs use the sm_90 row.
 DISPATCH = {90: (4, 64)}
+# The Hopper wgmma kernel (csrc/awq_wgmma.cu) takes rows WGMMA_ROWS (first, last) from the MMA and
+# from dequantize + cuBLAS where it can run (ops.wgmma_ok, outside deterministic mode), on layers of
+# more than WGMMA_MIN_WEIGHTS weights; from WGMMA_EARLY[0] rows already on layers of more than
+# WGMMA_EARLY[1]. H200 2026-11-22 session 9, g128 fp16 µs, mma / wgmma / dequant + cuBLAS,
+# 4096x28672, 14336x4096, 4096x6144, 4096x4096: M=32 57.5 / 51.7, 30.3 / 29.5, 16.8 / 18.0,
+# 13.8 / 16.6 (mma); M=64 82.1 / 55.7, 42.1 / 32.2, 22.7 / 19.6, 17.9 / 17.8; M=128 (dequant)
+# 145.9 / 95.8, 79.7 / 53.7, 33.0 / 28.8, 25.0 / 23.6; M=192 154.0 / 136.0, 86.1 / 72.2, 39.8 /
+# 38.1, 30.2 / 28.6; M=256 dequant wins (170.7 / 176.2 on 4096x28672). Layers of <= 10.5 M weights
+# (seed 002's) run faster on the MMA or dequantize + cuBLAS at every M.
+WGMMA_ROWS: dict[tuple[int, int], tuple[int, int]] = {(9, 0): (33, 192)}
+WGMMA_MIN_WEIGHTS = 12 * 1024 * 1024
+WGMMA_EARLY = (17, 48 * 1024 * 1024)
 _SUFFIX = SUFFIX
 
 
@@ -70,11 +84,17 @@ def _dense(wq: torch.Tensor, sz: torch.Tensor, group_size: int, out_f: int, dtyp
     return (q * s + b).t().to(dtype)
 
 
-def choose_path(m: int, capability: tuple[int, int]) -> str:
-    """'gemv', 'mma' or 'dequant' for an activation with m rows."""
+def choose_path(m: int, capability: tuple[int, int], wgmma: bool = False, weights: int = 0) -> str:
+    """'gemv', 'mma', 'wgmma' or 'dequant' for an activation with m rows of a layer of `weights`
+    (in x out) weights (wgmma: whether the wgmma kernel can run here, wgmma_ok outside
+    deterministic mode)."""
     gemv_max, mma_max = DISPATCH.get(capability[0] * 10 + capability[1], DISPATCH[90])
     if 0 < m <= gemv_max:
         return "gemv"
+    wg_first, wg_last = WGMMA_ROWS.get(capability, (0, -1))
+    if wg_first <= wg_last and m <= wg_last and wgmma and (
+            (m >= wg_first and weights > WGMMA_MIN_WEIGHTS) or (m >= WGMMA_EARLY[0] and weights > WGMMA_EARLY[1])):
+        return "wgmma"
     return "mma" if 0 < m <= mma_max else "dequant"
 
 
@@ -113,13 +133,34 @@ def gemv_sk_ctas(dev: torch.device, suffix: str, m: int, in_f: int, out_f: int, 
                                   SK_MIN_UNITS.get(m), forced)
 
 
+# Tile of the Hopper kernel (csrc/awq_wgmma.cu): a stream-K unit is one row tile (WGMMA_TILE_COLS
+# outputs x WGMMA_TILE_ROWS rows of x) x WGMMA_STAGE_INPUTS inputs.
+WGMMA_TILE_ROWS = 64
+WGMMA_TILE_COLS = 256
+WGMMA_STAGE_INPUTS = 64
+_WG_OCC: dict[tuple[int, str], int] = {}
+
+
+def wgmma_config(dev: torch.device, suffix: str, m: int, in_f: int, out_f: int) -> tuple[int, int]:
+    """(ctas, row_tiles) of the wgmma kernel: one wave (resident CTAs per SM x SMs), never more
+    than its (row tile, stage) units."""
+    key = (dev.index if dev.index is not None else torch.cuda.current_device(), suffix)
+    if key not in _WG_OCC:
+        _WG_OCC[key] = int(getattr(LIB, f"kbit_vllm_awq_wgmma_ctas_per_sm_{suffix}")())
+    if _WG_OCC[key] <= 0:
+        raise RuntimeError(f"awq wgmma kernel ({suffix}) cannot be resident on this GPU")
+    row_tiles = -(-out_f // WGMMA_TILE_COLS) * -(-m // WGMMA_TILE_ROWS)
+    units = row_tiles * -(-in_f // WGMMA_STAGE_INPUTS)
+    return min(_WG_OCC[key] * sm_count(dev), units), row_tiles
+
+
 def linear_path(x2: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, bias: torch.Tensor | None,
                 group_size: int, out_features: int, path: str) -> torch.Tensor:
     """y [m, out] = x2 [m, in] @ W^T + bias through one named kernel path (benchmarks call it too).
 
     "gemv" is the stream-K GEMV for M <= 4 where the layer has enough units for a full wave (outside
     deterministic mode), else the warp GEMV; "gemv_sk" and "gemv_warp" name one of them. "mma" is
-    the tensor-core kernel, "dequant" dequantize + cuBLAS.
+    the tensor-core kernel, "wgmma" the Hopper one (wgmma_ok), "dequant" dequantize + cuBLAS.
     """
     m, in_f = x2.shape
     dev = x2.device
@@ -149,6 +190,17 @@ def linear_path(x2: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, bias: torc
         elif path in ("gemv", "gemv_warp"):
             check(getattr(LIB, f"kbit_vllm_awq_gemv_{suffix}")(
                 _ptr(x2), _ptr(wq), _ptr(sz), _ptr(bias), _ptr(y), ctypes.c_int(m), *dims), "awq_gemv")
+        elif path == "wgmma":
+            if not wgmma_ok(dev, 4):
+                raise ValueError(f"awq_linear wgmma path needs compute capability 9.0 and a library built for "
+                                 f"sm_90a, got {torch.cuda.get_device_capability(dev)}")
+            ctas, row_tiles = wgmma_config(dev, suffix, m, in_f, out_features)
+            # Partial row tiles: a zeroed fp32 accumulator per row tile and a counter (both left zeroed).
+            ws = scratch(dev, "accum", row_tiles * WGMMA_TILE_ROWS * WGMMA_TILE_COLS)
+            ctr = scratch(dev, "counters", row_tiles)
+            check(getattr(LIB, f"kbit_vllm_awq_wgmma_{suffix}")(
+                _ptr(x2), _ptr(wq), _ptr(sz), _ptr(bias), _ptr(y), ctypes.c_int(m), *dims[:3], ctypes.c_int(ctas),
+                _ptr(ws), _ptr(ctr), stream), "awq_linear (wgmma)")
         elif path == "mma":
             splits = int(LIB.kbit_vllm_awq_mma_splits(ctypes.c_int(m), ctypes.c_int(in_f), ctypes.c_int(out_features)))
             ws = torch.empty((splits * m * out_features if splits > 1 else 0,), dtype=torch.float32, device=x2.device)
@@ -171,7 +223,8 @@ def awq_linear(x, wq, sz, bias, group_size, out_features):
     x2 = x.reshape(-1, in_f)
     if x2.data_ptr() % 16 or not x2.is_contiguous():
         x2 = x2.contiguous().clone()
-    path = choose_path(x2.shape[0], torch.cuda.get_device_capability(x.device))
+    wgmma = not dispatch.deterministic() and wgmma_ok(x.device, 4)
+    path = choose_path(x2.shape[0], torch.cuda.get_device_capability(x.device), wgmma, in_f * out_features)
     y = linear_path(x2, wq, sz, bias.contiguous() if bias is not None else None, group_size, out_features, path)
     return y.reshape(*x.shape[:-1], out_features)
 
