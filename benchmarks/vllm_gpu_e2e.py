@@ -17,8 +17,8 @@ layers, folder build and engine init seconds, compile and cudagraph modes, weigh
 peak while loading, then greedy outputs with logprobs (tiny*), decode tokens/s at batch 1 and 16
 (bench), or decode tokens/s at batch 1, 16, 64 and prefill tokens/s on 2048-token prompts (l3,
 q3moe*). KBIT_E2E_CLEAN=1 deletes each folder after the last name that reads it. KBIT_E2E_PROFILE=1
-adds PROFILE lines (l3, q3moe*, bench): the GPU kernels of one batch-1 decode step, CUDA graph
-replays included, by time per step.
+adds PROFILE lines (l3, q3moe*, bench): the GPU kernels of one decode step (batch
+KBIT_E2E_PROFILE_BATCH, default 1), CUDA graph replays included, by time per step.
 Without a GPU the engines run eager on vLLM's CPU backend (a check of the code path, not timings).
 """
 
@@ -377,12 +377,14 @@ def child(name: str) -> None:
 
 
 def profile_decode(llm, sp_cls, name: str, tokens: int = 33) -> None:
-    """Where a batch-1 decode step's GPU time goes: kernels (inside CUDA graph replays too) summed
-    over a (tokens)-token generate minus a 1-token one, per step; one PROFILE line per kernel."""
+    """Where a decode step's GPU time goes, at batch KBIT_E2E_PROFILE_BATCH (default 1): kernels
+    (inside CUDA graph replays too) summed over a (tokens)-token generate minus a 1-token one, per
+    step; one PROFILE line per kernel."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    prompt = [{"prompt_token_ids": list(range(10, 42))}]
+    batch = int(os.environ.get("KBIT_E2E_PROFILE_BATCH", "1"))
+    prompt = [{"prompt_token_ids": [10 + (7 * i + j) % 1000 for j in range(32)]} for i in range(batch)]
 
     def kernels(n: int) -> tuple[dict, float]:
         llm.generate(prompt, sp_cls(max_tokens=n, temperature=0.0, ignore_eos=True), use_tqdm=False)
@@ -408,7 +410,8 @@ def profile_decode(llm, sp_cls, name: str, tokens: int = 33) -> None:
         rows.append(((t - t1) / steps, (c - c1) / steps, k))
     rows.sort(reverse=True)
     total = sum(r[0] for r in rows)
-    print(f"PROFILE {name} step_wall_us={(wall_n - wall_1) / steps * 1e6:.0f} kernel_sum_us={total:.0f}", flush=True)
+    print(f"PROFILE {name} batch={batch} step_wall_us={(wall_n - wall_1) / steps * 1e6:.0f} "
+          f"kernel_sum_us={total:.0f}", flush=True)
     for us, cnt, k in rows[:25]:
         print(f"PROFILE {name} {us:8.1f} us {cnt:6.1f}x {k[:150]}", flush=True)
 

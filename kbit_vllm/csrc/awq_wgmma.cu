@@ -60,14 +60,28 @@ constexpr int kAwXPer = kAwRows * (kAwBK / 8) / kAwThreads;    // 16-byte x chun
 static_assert(kAwWPer == 2 && kAwXPer == 2 && kAwSBytes / 16 <= kAwThreads, "whole copy rounds");
 static_assert(kAwWBytes % 128 == 0 && kAwSlotBytes % 128 == 0, "aligned slots and x core matrices");
 
-// {W[f'][k], W[f'][k + 1]} from the nibbles at bits 0..3 and 16..19 of v, dequantized as q * s + b.
-template <typename T>
-__device__ __forceinline__ uint32_t a_pair(uint32_t v, uint32_t s2, uint32_t b2) {
+// Both halves set to the low (H = 0) or high (H = 1) half of v; ptxas folds it into the consumer's
+// operand selector (HFMA2 ... R.H0_H0) instead of a byte permute.
+template <typename T, int H>
+__device__ __forceinline__ typename Vec2<T>::type bcast(uint32_t v) {
+    using T2 = typename Vec2<T>::type;
+    const T2 p = *reinterpret_cast<const T2*>(&v);
+    if constexpr (std::is_same<T, half>::value) {
+        return H == 0 ? __low2half2(p) : __high2half2(p);
+    } else {
+        return H == 0 ? __low2bfloat162(p) : __high2bfloat162(p);
+    }
+}
+
+// {W[f'][k], W[f'][k + 1]} from the nibbles at bits 0..3 and 16..19 of v, dequantized as q * s + b
+// with s, b half H of the scale pair word sp and the offset pair word bp.
+template <typename T, int H>
+__device__ __forceinline__ uint32_t a_pair(uint32_t v, uint32_t sp, uint32_t bp) {
     using T2 = typename Vec2<T>::type;
     const uint32_t magic = std::is_same<T, half>::value ? 0x64006400u : 0x43004300u;  // 1024 / 128
     const uint32_t h = lop3_and_or(v, 0x000f000fu, magic);
     const T2 q = __hsub2(*reinterpret_cast<const T2*>(&h), *reinterpret_cast<const T2*>(&magic));
-    const T2 w = __hfma2(q, *reinterpret_cast<const T2*>(&s2), *reinterpret_cast<const T2*>(&b2));
+    const T2 w = __hfma2(q, bcast<T, H>(sp), bcast<T, H>(bp));
     return *reinterpret_cast<const uint32_t*>(&w);
 }
 
@@ -84,6 +98,7 @@ __global__ void __launch_bounds__(kAwThreads, 2)
     const int m_tiles = (M + kAwRows - 1) / kAwRows;
     const int nst = (in + kAwBK - 1) / kAwBK;
     const int col_groups = out / 8;
+    const int gshift = __ffs(group) - 1;  // group is a power of two (host check)
     const long long ctas = gridDim.x, cta = blockIdx.x;
     const long long units = static_cast<long long>(n_rt) * m_tiles * nst;
     const int u0 = static_cast<int>(sk_start(cta, units, ctas));
@@ -164,7 +179,7 @@ __global__ void __launch_bounds__(kAwThreads, 2)
         if (tid < kAwSBytes / 16) {
             const int seg = tid >> 6;
             const bool ok = !((c.zf >> kAwWPer) & 1u) && (full || seg == 0);
-            const T* src = c.s + static_cast<size_t>((k0 + 32 * seg) / group) * out * 2;
+            const T* src = c.s + static_cast<size_t>((k0 + 32 * seg) >> gshift) * out * 2;
             ptx::cp_async16(base + kAwWBytes + tid * 16, ok ? src : sz, ok);
         }
         if (next_unit(c.n)) {
@@ -246,16 +261,15 @@ __global__ void __launch_bounds__(kAwThreads, 2)
             const int slot = it % kAwSlots;
             const unsigned char* base = smem_aw + slot * kAwSlotBytes;
             const uint32_t* wr = reinterpret_cast<const uint32_t*>(base) + (fl / 8) * kAwWLd + 2 * g;
-            const uint32_t xs = smem_s + static_cast<uint32_t>(slot * kAwSlotBytes + kAwWBytes + kAwSBytes);
+            // x of the stage as the B operand; k16 half kk starts 2 core matrices (256 bytes, 16 in
+            // the descriptor's address field) further.
+            const uint64_t desc0 = ptx::wgmma_desc(
+                smem_s + static_cast<uint32_t>(slot * kAwSlotBytes + kAwWBytes + kAwSBytes), 128, 1024);
 #pragma unroll
             for (int seg = 0; seg < 2; ++seg) {
                 // Scale / offset pairs of outputs f..f+3 in this segment's group: (s_f, s_f+1),
-                // (b_f, b_f+1), (s_f+2, s_f+3), (b_f+2, b_f+3); each spread to both halves.
+                // (b_f, b_f+1), (s_f+2, s_f+3), (b_f+2, b_f+3).
                 const uint4 sv = *reinterpret_cast<const uint4*>(base + kAwWBytes + seg * (kAwCols * 4) + fl * 4);
-                const uint32_t s2[4] = {__byte_perm(sv.x, 0u, 0x1010u), __byte_perm(sv.x, 0u, 0x3232u),
-                                        __byte_perm(sv.z, 0u, 0x1010u), __byte_perm(sv.z, 0u, 0x3232u)};
-                const uint32_t b2[4] = {__byte_perm(sv.y, 0u, 0x1010u), __byte_perm(sv.y, 0u, 0x3232u),
-                                        __byte_perm(sv.w, 0u, 0x1010u), __byte_perm(sv.w, 0u, 0x3232u)};
 #pragma unroll
                 for (int kh = 0; kh < 2; ++kh) {
                     const int kk = 2 * seg + kh;  // k16 half of the stage
@@ -264,19 +278,19 @@ __global__ void __launch_bounds__(kAwThreads, 2)
                     const uint32_t vl = __byte_perm(lo.x, lo.y, sel), vh = __byte_perm(hi.x, hi.y, sel);
                     // The group two halves back read a[kk & 1]: wait until at most one is pending.
                     ptx::wgmma_wait<1>();
-                    // Output f + e sits at shift {0, 8, 4, 12}[e] of the permuted word; tile i holds
-                    // f + 2i (a0: inputs 2g.., a2: 2g + 8..) and f + 2i + 1 (a1, a3).
-#pragma unroll
-                    for (int i = 0; i < 2; ++i) {
-                        const int sh0 = 4 * i, sh1 = 4 * i + 8;
-                        a[kk & 1][i][0] = a_pair<T>(vl >> sh0, s2[2 * i], b2[2 * i]);
-                        a[kk & 1][i][1] = a_pair<T>(vl >> sh1, s2[2 * i + 1], b2[2 * i + 1]);
-                        a[kk & 1][i][2] = a_pair<T>(vh >> sh0, s2[2 * i], b2[2 * i]);
-                        a[kk & 1][i][3] = a_pair<T>(vh >> sh1, s2[2 * i + 1], b2[2 * i + 1]);
-                    }
+                    // Tile 0: outputs f (a0, a2) and f + 1 (a1, a3) at shifts 0 and 8 of the permuted words;
+                    // tile 1: f + 2 and f + 3 at shifts 4 and 12. a0, a1: inputs 2g..; a2, a3: 2g + 8..
+                    a[kk & 1][0][0] = a_pair<T, 0>(vl, sv.x, sv.y);
+                    a[kk & 1][0][1] = a_pair<T, 1>(vl >> 8, sv.x, sv.y);
+                    a[kk & 1][0][2] = a_pair<T, 0>(vh, sv.x, sv.y);
+                    a[kk & 1][0][3] = a_pair<T, 1>(vh >> 8, sv.x, sv.y);
+                    a[kk & 1][1][0] = a_pair<T, 0>(vl >> 4, sv.z, sv.w);
+                    a[kk & 1][1][1] = a_pair<T, 1>(vl >> 12, sv.z, sv.w);
+                    a[kk & 1][1][2] = a_pair<T, 0>(vh >> 4, sv.z, sv.w);
+                    a[kk & 1][1][3] = a_pair<T, 1>(vh >> 12, sv.z, sv.w);
                     fence_acc();
                     ptx::wgmma_fence();
-                    const uint64_t desc = ptx::wgmma_desc(xs + static_cast<uint32_t>(kk * 2 * 128), 128, 1024);
+                    const uint64_t desc = desc0 + static_cast<uint64_t>(kk * 16);
 #pragma unroll
                     for (int i = 0; i < 2; ++i) ptx::wgmma_m64n64k16<T>(acc[i], a[kk & 1][i], desc, 1);
                     ptx::wgmma_commit();
@@ -370,7 +384,7 @@ int wgmma(const void* x, const int32_t* wq, const void* sz, const void* bias, vo
     if (m == 0 || out == 0) return 0;
     const long long units = static_cast<long long>((out + kAwCols - 1) / kAwCols) * ((m + kAwRows - 1) / kAwRows) *
                             ((in + kAwBK - 1) / kAwBK);
-    if (m < 0 || in <= 0 || out < 0 || in % 32 || out % 8 || group < 32 || group % 32 || in % group || ctas < 1 ||
+    if (m < 0 || in <= 0 || out < 0 || in % 32 || out % 8 || group < 32 || (group & (group - 1)) || in % group || ctas < 1 ||
         ctas > units || units > (1LL << 30) || ws == nullptr || counters == nullptr || !ptx::wgmma_device_ok())
         return static_cast<int>(cudaErrorInvalidValue);
     const void* f = reinterpret_cast<const void*>(awq_wgmma_kernel<T>);
