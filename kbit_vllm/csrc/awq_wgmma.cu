@@ -17,12 +17,15 @@
 //   inputs k, k + 1, and each A register {W[f'][k], W[f'][k + 1]} is one shift, one LOP3, one
 //   subtract and one fused multiply-add away.
 // * A stage is 64 inputs (two k32 segments, each inside one quantization group as groups are 32,
-//   64 or 128). One shared slot holds a stage's weight words ([32 column groups][64 words], rows
-//   padded to 72 words so the 4 column groups a warp reads per load hit different banks), the
-//   scale / offset pairs of both segments, and its 64 x rows as 8-row x 16-byte core matrices
-//   (K-major, no swizzle: chunks 128 bytes apart, row groups 1024): 19 KB, 5 slots (2 CTAs per SM).
-//   Stages are loaded 3 ahead of the one decoded: a slot is refilled only after every warp waited
-//   for its wgmmas (2 stages back) and decoded it (1 stage back), with a block barrier between.
+//   64 or 128). All loads are TMA boxes that one thread issues and a per-slot mbarrier counts:
+//   x (64 rows x 64 inputs, 128-byte swizzle: the canonical K-major wgmma B layout), the weight
+//   words of each segment (32 column groups x 32 words, 128-byte swizzle, so the 4 column groups a
+//   warp reads per load hit different banks) and each segment's scale / offset pairs (256
+//   outputs). Boxes past `in`, `out`, M or the last group read as zeros. 18 KB a slot, 5 slots
+//   (2 CTAs per SM). Stages are loaded 3 ahead of the one decoded: a slot is refilled only after
+//   every warp waited for its wgmmas (2 stages back) and decoded it (1 stage back), with a block
+//   barrier between. (With cp.async from every thread the loads alone took ~90% of the kernel's
+//   time: H200 session 9, RESULTS.md; TMA cut 4096x28672 at M=64 from 56 to 45 us.)
 // * Stream-K over one wave, unit = (row tile, stage), row tile = (256 outputs, 64 x rows); partial
 //   row tiles reduce into a zeroed fp32 accumulator with a per-tile counter, as kbit_wgmma.cu.
 //   No deterministic mode (backends/cuda/awq_ops.py picks the mma.sync kernel there).
@@ -31,6 +34,8 @@
 #include "pdl.cuh"
 #include "stream_k.cuh"
 #include "wgmma_ptx.cuh"
+
+#include <cudaTypedefs.h>
 
 namespace awq {
 
@@ -46,19 +51,17 @@ constexpr int kAwRows = 64;                       // x rows per row tile (the wg
 constexpr int kAwCols = 256;                      // outputs per row tile (128 per warpgroup)
 constexpr int kAwBK = 64;                         // inputs per stage (two k32 segments)
 constexpr int kAwGroups = kAwCols / 8;            // column groups per row tile
-constexpr int kAwWLd = kAwBK + 8;                 // words per column-group row in shared memory
-constexpr int kAwWBytes = kAwGroups * kAwWLd * 4;  // weight words of a stage
-constexpr int kAwSBytes = 2 * kAwCols * 4;        // scale / offset pairs of both segments (16-bit)
-constexpr int kAwXBytes = kAwRows * kAwBK * 2;    // x rows of a stage
-constexpr int kAwSlotBytes = kAwWBytes + kAwSBytes + kAwXBytes;
+constexpr int kAwXBytes = kAwRows * kAwBK * 2;    // x rows of a stage (128-byte swizzled)
+constexpr int kAwWSeg = kAwGroups * 32 * 4;       // weight words of a segment: [32 column groups][128 bytes, swizzled]
+constexpr int kAwSSeg = kAwCols * 4;              // scale / offset pairs of a segment
+constexpr int kAwSlotBytes = kAwXBytes + 2 * kAwWSeg + 2 * kAwSSeg;  // x, weights, scales: 18 KB
 constexpr int kAwSlots = 5;
 constexpr int kAwAhead = kAwSlots - 2;  // stages loaded ahead: the wgmmas read x until 2 stages later
-constexpr int kAwBytes = kAwSlots * kAwSlotBytes;
+constexpr int kAwBarOff = kAwSlots * kAwSlotBytes;  // one mbarrier per slot: its stage has landed
+constexpr int kAwBytes = 1024 + kAwBarOff + kAwSlots * 8;  // + alignment of the slots to 1024 bytes
 constexpr int kAwTileFloats = kAwRows * kAwCols;
-constexpr int kAwWPer = kAwGroups * (kAwBK / 4) / kAwThreads;  // 16-byte weight chunks per thread
-constexpr int kAwXPer = kAwRows * (kAwBK / 8) / kAwThreads;    // 16-byte x chunks per thread
-static_assert(kAwWPer == 2 && kAwXPer == 2 && kAwSBytes / 16 <= kAwThreads, "whole copy rounds");
-static_assert(kAwWBytes % 128 == 0 && kAwSlotBytes % 128 == 0, "aligned slots and x core matrices");
+static_assert(kAwXBytes % 1024 == 0 && kAwWSeg % 1024 == 0 && kAwSlotBytes % 1024 == 0,
+              "swizzled TMA boxes start on 1024-byte boundaries");
 
 // Both halves set to the low (H = 0) or high (H = 1) half of v; ptxas folds it into the consumer's
 // operand selector (HFMA2 ... R.H0_H0) instead of a byte permute.
@@ -87,33 +90,32 @@ __device__ __forceinline__ uint32_t a_pair(uint32_t v, uint32_t sp, uint32_t bp)
 
 template <typename T>
 __global__ void __launch_bounds__(kAwThreads, 2)
-    awq_wgmma_kernel(const T* __restrict__ x, const int32_t* __restrict__ wq, const T* __restrict__ sz,
-                     const T* __restrict__ bias, T* __restrict__ y, int M, int in, int out, int group,
-                     float* __restrict__ ws, int* __restrict__ counters) {
+    awq_wgmma_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_w,
+                     const __grid_constant__ CUtensorMap tm_s, const T* __restrict__ bias, T* __restrict__ y, int M,
+                     int in, int out, int group, float* __restrict__ ws, int* __restrict__ counters) {
 #if defined(KBIT_WGMMA)
-    extern __shared__ __align__(128) unsigned char smem_aw[];
+    extern __shared__ __align__(128) unsigned char smem_raw[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane & 3, r8 = lane >> 2;
     const int n_rt = (out + kAwCols - 1) / kAwCols;
     const int m_tiles = (M + kAwRows - 1) / kAwRows;
     const int nst = (in + kAwBK - 1) / kAwBK;
-    const int col_groups = out / 8;
     const int gshift = __ffs(group) - 1;  // group is a power of two (host check)
     const long long ctas = gridDim.x, cta = blockIdx.x;
     const long long units = static_cast<long long>(n_rt) * m_tiles * nst;
     const int u0 = static_cast<int>(sk_start(cta, units, ctas));
     const int u1 = static_cast<int>(sk_start(cta + 1, units, ctas));
-    const uint32_t smem_s = ptx::smem_u32(smem_aw);
+    // Slots start on a 1024-byte boundary (the swizzle atom of the TMA boxes).
+    const uint32_t raw_s = ptx::smem_u32(smem_raw);
+    const uint32_t smem_s = (raw_s + 1023u) & ~1023u;
+    const unsigned char* smem_aw = smem_raw + (smem_s - raw_s);
+    const uint32_t bars = smem_s + kAwBarOff;
 
-    // Stage loads as in kbit_wgmma.cu: a weight cursor (weight words and scale pairs) and an x
-    // cursor name the next unit to load (row tile t, x row tile mt, stage st) and keep this
-    // thread's source pointers, stepped by a constant per stage and sought again when a row tile
-    // ends. A stage past `in` (in % 64 == 32, the last of a row tile) zero-fills its second segment.
-    // Weight chunk c = tid + 256 i: column group c / 16 of the row tile, words 4 (c % 16) .. + 3.
-    // Scale chunk tid < 128: segment tid / 64, outputs 4 (tid % 64) .. + 3 of the row tile.
-    // x chunks: as kbit_wgmma.cu (a warp copies 64 contiguous bytes of 8 rows: 4 core matrices).
-    const int xch = ((tid >> 5) & 1) * 4 + (tid & 3), xrow0 = (tid >> 6) * 8 + ((tid >> 2) & 7);
-    const int xdst = kAwWBytes + kAwSBytes + (tid >> 6) * 1024 + xch * 128 + ((tid >> 2) & 7) * 16;
+    // Stage loads: thread 0 issues 5 TMA boxes per stage (x: 64 rows x 64 inputs; weights: 32
+    // column groups x 32 words per segment; scale pairs: 256 outputs of each segment's group) into
+    // a slot, all counted on the slot's mbarrier. Boxes past `in`, `out`, M or the last group
+    // read as zeros, so a half stage (in % 64 == 32) has zero scales and x in its second segment.
+    // The loader cursor names the next unit to load (row tile t, x row tile mt, stage st).
     struct Unit {
         int t, mt, st;
     };
@@ -126,107 +128,52 @@ __global__ void __launch_bounds__(kAwThreads, 2)
         return n;
     };
     auto next_unit = [&](Unit& n) {
-        if (++n.st != nst) return false;
+        if (++n.st != nst) return;
         n.st = 0;
         if (++n.mt == m_tiles) {
             n.mt = 0;
             ++n.t;
         }
-        return true;
     };
-    struct WCursor {
-        Unit n;
-        const int32_t* p[kAwWPer];  // this thread's weight chunks of the stage
-        const T* s;                 // its scale chunk at group 0 (tid < 128)
-        uint32_t zf;                // bit i: chunk i is past `out` (bit kAwWPer: the scale chunk)
-    };
-    struct XCursor {
-        Unit n;
-        const T* p[kAwXPer];  // this thread's x chunks of the stage (row 0 where the row is past M)
-        uint32_t zf;          // bit i: chunk i is past M (zero-filled)
-    };
-    auto w_seek = [&](WCursor& c) {
-        c.zf = 0;
+    Unit lc = unit_at(u0);
+    constexpr uint32_t kStageTx = kAwSlotBytes;
+    auto load_w = [&](const Unit& n, int slot) {  // weights and scales (before pdl_wait allowed)
+        const uint32_t base = smem_s + static_cast<uint32_t>(slot * kAwSlotBytes), bar = bars + slot * 8;
+        const int k0 = n.st * kAwBK;
+        ptx::mbar_arrive_expect_tx(bar, kStageTx);
 #pragma unroll
-        for (int i = 0; i < kAwWPer; ++i) {
-            const int ch = tid + i * kAwThreads, cg = c.n.t * kAwGroups + ch / 16;
-            c.zf |= cg < col_groups ? 0u : 1u << i;
-            c.p[i] = wq + static_cast<size_t>(cg < col_groups ? cg : 0) * in + c.n.st * kAwBK + (ch % 16) * 4;
-        }
-        const int f = c.n.t * kAwCols + 4 * (tid & 63);
-        c.zf |= (f < out && tid < kAwSBytes / 16) ? 0u : 1u << kAwWPer;
-        c.s = sz + static_cast<size_t>(f < out ? f : 0) * 2;
-    };
-    auto x_seek = [&](XCursor& c) {
-        c.zf = 0;
-#pragma unroll
-        for (int i = 0; i < kAwXPer; ++i) {
-            const int row = c.n.mt * kAwRows + xrow0 + 32 * i;
-            c.zf |= row < M ? 0u : 1u << i;
-            c.p[i] = x + static_cast<size_t>(row < M ? row : 0) * in + c.n.st * kAwBK + xch * 8;
+        for (int seg = 0; seg < 2; ++seg) {
+            ptx::tma_load_2d(base + kAwXBytes + seg * kAwWSeg, &tm_w, k0 + 32 * seg, n.t * kAwGroups, bar);
+            ptx::tma_load_2d(base + kAwXBytes + 2 * kAwWSeg + seg * kAwSSeg, &tm_s, n.t * kAwCols,
+                             (k0 + 32 * seg) >> gshift, bar);
         }
     };
-    auto load_w = [&](WCursor& c, int slot) {
-        unsigned char* base = smem_aw + slot * kAwSlotBytes;
-        const int k0 = c.n.st * kAwBK;
-        const bool full = k0 + kAwBK <= in;  // else only the first segment is in range
-#pragma unroll
-        for (int i = 0; i < kAwWPer; ++i) {
-            const int ch = tid + i * kAwThreads;
-            const bool ok = !((c.zf >> i) & 1u) && (full || (ch % 16) < 8);
-            ptx::cp_async16(base + (ch / 16) * kAwWLd * 4 + (ch % 16) * 16, ok ? c.p[i] : wq, ok);
-        }
-        if (tid < kAwSBytes / 16) {
-            const int seg = tid >> 6;
-            const bool ok = !((c.zf >> kAwWPer) & 1u) && (full || seg == 0);
-            const T* src = c.s + static_cast<size_t>((k0 + 32 * seg) >> gshift) * out * 2;
-            ptx::cp_async16(base + kAwWBytes + tid * 16, ok ? src : sz, ok);
-        }
-        if (next_unit(c.n)) {
-            w_seek(c);
-        } else {
-#pragma unroll
-            for (int i = 0; i < kAwWPer; ++i) c.p[i] += kAwBK;
-        }
+    auto load_x = [&](const Unit& n, int slot) {
+        ptx::tma_load_2d(smem_s + static_cast<uint32_t>(slot * kAwSlotBytes), &tm_x, n.st * kAwBK, n.mt * kAwRows,
+                         bars + slot * 8);
     };
-    auto load_x = [&](XCursor& c, int slot) {
-        unsigned char* xs = smem_aw + slot * kAwSlotBytes + xdst;
-        const bool chunk_ok = c.n.st * kAwBK + kAwBK <= in || xch < 4;
-#pragma unroll
-        for (int i = 0; i < kAwXPer; ++i) {
-            const bool ok = chunk_ok && !((c.zf >> i) & 1u);
-            ptx::cp_async16(xs + i * 4096, ok ? c.p[i] : x, ok);
-        }
-        if (next_unit(c.n)) {
-            x_seek(c);
-        } else {
-#pragma unroll
-            for (int i = 0; i < kAwXPer; ++i) c.p[i] += kAwBK;
-        }
-    };
-    WCursor wcur;
-    XCursor xcur;
-    wcur.n = xcur.n = unit_at(u0);
-    w_seek(wcur);
-    x_seek(xcur);
 
+    if (tid == 0) {
+        for (int i = 0; i < kAwSlots; ++i) ptx::mbar_init(bars + i * 8, 1);
+        ptx::mbar_init_fence();
+    }
+    __syncthreads();
     // Weights and scales (never written by another kernel) of the first stages load while the
-    // previous kernel may still run (PDL, pdl.cuh); x follows pdl_wait. All of those weight copies
-    // join x(0)'s commit group, so when stage i starts, its group is followed by kAwAhead - 1 newer.
+    // previous kernel may still run (PDL, pdl.cuh); x follows pdl_wait.
     kbit::pdl_trigger();
-#pragma unroll
-    for (int s = 0; s < kAwAhead; ++s)
-        if (u0 + s < u1) load_w(wcur, s);
+    if (tid == 0) {
+        Unit n = lc;
+        for (int s = 0; s < kAwAhead && u0 + s < u1; ++s, next_unit(n)) load_w(n, s);
+    }
     kbit::pdl_wait();
-#pragma unroll
-    for (int s = 0; s < kAwAhead; ++s) {
-        if (u0 + s < u1) load_x(xcur, s);
-        ptx::cp_async_commit();
+    if (tid == 0) {
+        for (int s = 0; s < kAwAhead && u0 + s < u1; ++s, next_unit(lc)) load_x(lc, s);
     }
 
     const int tw = warp >> 2;                    // this warpgroup's half of the row tile
     const int c0 = 32 * (warp & 3) + 4 * r8;     // this lane's first output in that half
     const int fl = tw * 128 + c0;                // ... in the row tile
+    const int cgl = fl / 8, csw = cgl & 7;       // its column group (row of the weight boxes), swizzle
     // Byte permute gathering, from words (c, k) and (c, k + 1), the bytes that hold outputs
     // f..f+3 (bytes h and 2 + h of each word, h = which half of the column group).
     const uint32_t hb = static_cast<uint32_t>(r8 & 1);
@@ -250,31 +197,35 @@ __global__ void __launch_bounds__(kAwThreads, 2)
 #pragma unroll
             for (int r = 0; r < 32; ++r) acc[i][r] = 0.f;
         for (; u < seg_end; ++u, ++it) {
-            ptx::cp_async_wait<kAwAhead - 1>();  // this thread's copies of stage it
-            ptx::fence_proxy_async_smem();        // visible to the tensor cores' reads of x
-            __syncthreads();  // everyone's; every warp decoded stage it - 1 and its wgmmas of it - 2 are done
-            if (u + kAwAhead < u1) {
-                load_w(wcur, (it + kAwAhead) % kAwSlots);
-                load_x(xcur, (it + kAwAhead) % kAwSlots);
-            }
-            ptx::cp_async_commit();
             const int slot = it % kAwSlots;
+            ptx::mbar_wait(bars + slot * 8, static_cast<uint32_t>(it / kAwSlots) & 1u);  // stage it landed
+            __syncthreads();  // every warp decoded stage it - 1 and its wgmmas of it - 2 are done
+            if (tid == 0 && u + kAwAhead < u1) {
+                const int ls = (it + kAwAhead) % kAwSlots;
+                load_w(lc, ls);
+                load_x(lc, ls);
+                next_unit(lc);
+            }
             const unsigned char* base = smem_aw + slot * kAwSlotBytes;
-            const uint32_t* wr = reinterpret_cast<const uint32_t*>(base) + (fl / 8) * kAwWLd + 2 * g;
+            const uint32_t* wseg = reinterpret_cast<const uint32_t*>(base + kAwXBytes) + cgl * 32;
             // x of the stage as the B operand; k16 half kk starts 2 core matrices (256 bytes, 16 in
             // the descriptor's address field) further.
-            const uint64_t desc0 = ptx::wgmma_desc(
-                smem_s + static_cast<uint32_t>(slot * kAwSlotBytes + kAwWBytes + kAwSBytes), 128, 1024);
+            const uint64_t desc0 = ptx::wgmma_desc_sw128(smem_s + static_cast<uint32_t>(slot * kAwSlotBytes));
 #pragma unroll
             for (int seg = 0; seg < 2; ++seg) {
                 // Scale / offset pairs of outputs f..f+3 in this segment's group: (s_f, s_f+1),
                 // (b_f, b_f+1), (s_f+2, s_f+3), (b_f+2, b_f+3).
-                const uint4 sv = *reinterpret_cast<const uint4*>(base + kAwWBytes + seg * (kAwCols * 4) + fl * 4);
+                const uint4 sv =
+                    *reinterpret_cast<const uint4*>(base + kAwXBytes + 2 * kAwWSeg + seg * kAwSSeg + fl * 4);
 #pragma unroll
                 for (int kh = 0; kh < 2; ++kh) {
                     const int kk = 2 * seg + kh;  // k16 half of the stage
-                    const uint2 lo = *reinterpret_cast<const uint2*>(wr + 16 * kk);      // inputs 2g, 2g + 1
-                    const uint2 hi = *reinterpret_cast<const uint2*>(wr + 16 * kk + 8);  // 2g + 8, 2g + 9
+                    // Words 16 kh + 2g (inputs 2g, 2g + 1) and + 8 of this segment: 16-byte chunks
+                    // 4 kh + g / 2 and + 2 of the column group's row, swizzled by the row.
+                    const uint32_t* wrow = wseg + seg * (kAwWSeg / 4);
+                    const int c = 4 * kh + (g >> 1);
+                    const uint2 lo = *reinterpret_cast<const uint2*>(wrow + ((c ^ csw) << 2) + 2 * (g & 1));
+                    const uint2 hi = *reinterpret_cast<const uint2*>(wrow + (((c + 2) ^ csw) << 2) + 2 * (g & 1));
                     const uint32_t vl = __byte_perm(lo.x, lo.y, sel), vh = __byte_perm(hi.x, hi.y, sel);
                     // The group two halves back read a[kk & 1]: wait until at most one is pending.
                     ptx::wgmma_wait<1>();
@@ -290,7 +241,7 @@ __global__ void __launch_bounds__(kAwThreads, 2)
                     a[kk & 1][1][3] = a_pair<T, 1>(vh >> 12, sv.z, sv.w);
                     fence_acc();
                     ptx::wgmma_fence();
-                    const uint64_t desc = desc0 + static_cast<uint64_t>(kk * 16);
+                    const uint64_t desc = desc0 + static_cast<uint64_t>(kk * 2);  // 32 bytes a k16 step
 #pragma unroll
                     for (int i = 0; i < 2; ++i) ptx::wgmma_m64n64k16<T>(acc[i], a[kk & 1][i], desc, 1);
                     ptx::wgmma_commit();
@@ -353,10 +304,37 @@ __global__ void __launch_bounds__(kAwThreads, 2)
         ++q;
         seg_from_start = true;
     }
-    ptx::cp_async_wait<0>();
 #else
     __trap();  // only sm_90a has wgmma; the host launches this kernel on compute capability 9.0 only
 #endif
+}
+
+// The driver's tensor-map encoder, looked up once through the runtime (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+    static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+        void* p = nullptr;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) !=
+                cudaSuccess ||
+            q != cudaDriverEntryPointSuccess)
+            p = nullptr;
+        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+    }();
+    return fn;
+}
+
+// A 2-D tensor map over rows x inner elements (rows row_bytes apart) with box_inner x box_rows
+// boxes; elements outside read as zero.
+bool encode_2d(CUtensorMap* map, CUtensorMapDataType dt, const void* base, uint64_t inner, uint64_t rows,
+               uint64_t row_bytes, uint32_t box_inner, uint32_t box_rows, CUtensorMapSwizzle swizzle) {
+    const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_tiled();
+    if (fn == nullptr) return false;
+    const cuuint64_t dims[2] = {inner, rows};
+    const cuuint64_t strides[1] = {row_bytes};
+    const cuuint32_t box[2] = {box_inner, box_rows};
+    const cuuint32_t elem_strides[2] = {1, 1};
+    return fn(map, dt, 2, const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+              swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 }  // namespace
@@ -387,14 +365,24 @@ int wgmma(const void* x, const int32_t* wq, const void* sz, const void* bias, vo
     if (m < 0 || in <= 0 || out < 0 || in % 32 || out % 8 || group < 32 || (group & (group - 1)) || in % group || ctas < 1 ||
         ctas > units || units > (1LL << 30) || ws == nullptr || counters == nullptr || !ptx::wgmma_device_ok())
         return static_cast<int>(cudaErrorInvalidValue);
+    // Tensor maps: x [m, in] in 64 x 64 boxes (128-byte swizzle, the wgmma B layout), wq [out/8, in]
+    // words in 32 x 32 boxes (128-byte swizzle, conflict-free lane reads), sz [in/group, out] as
+    // 32-bit (scale, offset) pair words in 256 x 1 boxes.
+    CUtensorMap tmx, tmw, tms;
+    const CUtensorMapDataType xdt =
+        std::is_same<T, half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    if (!encode_2d(&tmx, xdt, x, in, m, static_cast<uint64_t>(in) * 2, kAwBK, kAwRows, CU_TENSOR_MAP_SWIZZLE_128B) ||
+        !encode_2d(&tmw, CU_TENSOR_MAP_DATA_TYPE_UINT32, wq, in, out / 8, static_cast<uint64_t>(in) * 4, 32, kAwGroups,
+                   CU_TENSOR_MAP_SWIZZLE_128B) ||
+        !encode_2d(&tms, CU_TENSOR_MAP_DATA_TYPE_UINT32, sz, out, in / group, static_cast<uint64_t>(out) * 4, kAwCols,
+                   1, CU_TENSOR_MAP_SWIZZLE_NONE))
+        return static_cast<int>(cudaErrorInvalidValue);
     const void* f = reinterpret_cast<const void*>(awq_wgmma_kernel<T>);
     const cudaError_t attr = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kAwBytes);
     if (attr != cudaSuccess) return static_cast<int>(attr);
-    const T* xt = static_cast<const T*>(x);
-    const T* st = static_cast<const T*>(sz);
     const T* bt = static_cast<const T*>(bias);
     T* yt = static_cast<T*>(y);
-    void* args[] = {&xt, &wq, &st, &bt, &yt, &m, &in, &out, &group, &ws, &counters};
+    void* args[] = {&tmx, &tmw, &tms, &bt, &yt, &m, &in, &out, &group, &ws, &counters};
     cudaLaunchAttribute attrs[1];
     const cudaLaunchConfig_t cfg = kbit::pdl_config(dim3(ctas), dim3(kAwThreads), kAwBytes, stream, attrs);
     const cudaError_t e = cudaLaunchKernelExC(&cfg, f, args);

@@ -5,6 +5,7 @@
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -41,6 +42,32 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
+// Shared-memory barriers (mbarrier) and bulk asynchronous copies (the copy engine writes shared
+// memory and signals completion on an mbarrier by bytes; no per-thread copy tracking).
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes the initialized barriers visible to the copy engine (and, after a block barrier, to all threads).
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+// One arrival that also expects `bytes` more bytes of copies to complete in the current phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Spins until the phase with this parity has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n .reg .pred p;\n W:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra W;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+// A 2-D box of the tensor map (a __grid_constant__ kernel parameter) at element coordinates (c0
+// innermost, c1) into shared dst, counted on bar in bytes; elements outside the tensor read as 0.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+        ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar) : "memory");
+}
+
 // Generic-proxy writes to shared memory (cp.async, st.shared) made visible to the tensor cores'
 // async-proxy reads; each writer fences its own writes before the barrier that publishes them.
 __device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
@@ -55,6 +82,14 @@ __device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r):
 __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
     return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
            (static_cast<uint64_t>(sbo >> 4) << 32);
+}
+
+// The same for a K-major operand in the 128-byte swizzled layout that a TMA box with
+// CU_TENSOR_MAP_SWIZZLE_128B writes (rows of 128 bytes, 8-row groups 1024 bytes apart, the
+// atom 1024-byte aligned); a k16 step within the 128-byte row adds 32 bytes to addr.
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t addr) {
+    return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (static_cast<uint64_t>(1024 >> 4) << 32) |
+           (1ull << 62);
 }
 
 // d (64 x 64, fp32) = A (64 x 16 from registers: each warp's 16 rows as an mma.m16n8k16 A
