@@ -259,18 +259,16 @@ def test_wgmma_matches_reference(dtype: torch.dtype, gs: int, in_f: int, out_f: 
 
 
 def test_wgmma_op_dispatch_and_graph_replay(monkeypatch) -> None:
-    """Inside awq_ops.WGMMA_ROWS the op runs the wgmma kernel (same bits as the forced path up to
-    float-atomic order), CUDA-graph replays are right every time (scratch left zeroed) and read new
-    x; deterministic mode runs the mma.sync kernel instead."""
+    """Where awq_ops.WGMMA_RULES say so the op runs the wgmma kernel (same bits as the forced path up
+    to float-atomic order), CUDA-graph replays are right every time (scratch left zeroed) and read
+    new x; deterministic mode runs the mma.sync kernel instead."""
     if not _wgmma_ok():
         pytest.skip("the wgmma kernel needs compute capability 9.0 and an sm_90a library")
     monkeypatch.setenv("KBIT_VLLM_DETERMINISTIC", "0")
     dtype, in_f, out_f = torch.float16, 4096, 3584  # 14.7 M weights
     wq, sz, w64 = _awq_layer(out_f, in_f, 128, dtype)
-    first, last = awq_ops.WGMMA_ROWS[(9, 0)]
-    assert awq_ops.choose_path(first, (9, 0), True, in_f * out_f) == "wgmma"
-    assert awq_ops.choose_path(last, (9, 0), True, in_f * out_f) == "wgmma"
-    m = first + 30
+    m = 63
+    assert awq_ops.choose_path(m, (9, 0), True, in_f * out_f) == "wgmma"
     x = torch.randn(m, in_f, device="cuda", dtype=dtype)
     bias = torch.randn(out_f, device="cuda", dtype=dtype)
     eager = ops.awq_linear(x, wq, sz, bias, 128, out_f)

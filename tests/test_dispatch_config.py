@@ -69,22 +69,22 @@ def test_kbit_wgmma_rows() -> None:
     assert dispatch.choose_path(first, (8, 0), big, 4, wgmma=True) != "wgmma"
 
 
-def test_awq_wgmma_rows() -> None:
-    """H200: awq_orin's wgmma kernel takes M = 33..192 on layers above WGMMA_MIN_WEIGHTS and from
-    M = 17 on layers above WGMMA_EARLY's size, where it can run; elsewhere DISPATCH stands."""
+def test_awq_wgmma_rules() -> None:
+    """H200: awq_orin's wgmma kernel takes each size class's row range (WGMMA_RULES: the first
+    entry the layer is above) where it can run; elsewhere DISPATCH stands."""
     from kbit_vllm.backends.cuda import awq_ops
 
-    huge, big, small = 4096 * 28672, 4096 * 6144, 2048 * 5120
-    first, last = awq_ops.WGMMA_ROWS[(9, 0)]
-    early = awq_ops.WGMMA_EARLY[0]
-    assert awq_ops.choose_path(first, (9, 0), True, big) == "wgmma"
-    assert awq_ops.choose_path(last, (9, 0), True, big) == "wgmma"
-    assert awq_ops.choose_path(first - 1, (9, 0), True, big) == "mma"
-    assert awq_ops.choose_path(early, (9, 0), True, huge) == "wgmma"
-    assert awq_ops.choose_path(early - 1, (9, 0), True, huge) == "mma"
-    assert awq_ops.choose_path(last + 1, (9, 0), True, huge) == "dequant"
-    assert awq_ops.choose_path(first, (9, 0), True, small) == "mma"
-    assert awq_ops.choose_path(last, (9, 0), True, small) == "dequant"
-    assert awq_ops.choose_path(first, (9, 0), False, big) == "mma"
-    assert awq_ops.choose_path(4, (9, 0), True, huge) == "gemv"
-    assert awq_ops.choose_path(first, (8, 0), True, big) != "wgmma"
+    rules = awq_ops.WGMMA_RULES[(9, 0)]
+    for above, first, last in rules:
+        w = above + 1
+        assert awq_ops.choose_path(first, (9, 0), True, w) == "wgmma"
+        assert awq_ops.choose_path(last, (9, 0), True, w) == "wgmma"
+        assert awq_ops.choose_path(first - 1, (9, 0), True, w) in ("gemv", "mma")
+        assert awq_ops.choose_path(last + 1, (9, 0), True, w) == "dequant"
+        assert awq_ops.choose_path(first, (9, 0), False, w) != "wgmma"
+        assert awq_ops.choose_path(first, (8, 0), True, w) != "wgmma"
+    smallest = min(r[0] for r in rules)
+    assert all(awq_ops.choose_path(m, (9, 0), True, smallest) != "wgmma" for m in range(1, 1025))
+    assert awq_ops.choose_path(4, (9, 0), True, 4096 * 28672) == "gemv"
+    assert awq_ops.choose_path(64, (9, 0), True, 4096 * 28672) == "wgmma"  # Llama-3-8B gate/up
+    assert awq_ops.choose_path(16, (9, 0), True, 4096 * 4096) == "mma"     # o_proj at batch 16

@@ -42,7 +42,7 @@ KBIT_NAMES = {"gemv": "GEMV (shared-memory codebook decode, split-K)", "mma": "t
               "dequant": "dequantize to a buffer + cuBLAS"}
 AWQ_NAMES = {"gemv": "LOP3 GEMV / small batch (stream-K at M<=4 on large layers)",
              "mma": "tensor-core LOP3 MMA (split-K)",
-             "wgmma": "Hopper wgmma (layers above 12 M weights, from M=17 above 48 M; others MMA / dequantize)",
+             "wgmma": "Hopper wgmma (on layers above 48 M weights; smaller ones: awq_ops.WGMMA_RULES)",
              "dequant": "dequantize to a buffer + cuBLAS"}
 
 

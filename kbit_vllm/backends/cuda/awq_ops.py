@@ -37,18 +37,18 @@ from .scratch import scratch
 # 40.8 vs 37.9 at M=5); the stream-K GEMV keeps M <= 4 (M=4 4096x6144: 11.4 vs 17.8 us).
 # dequant + cuBLAS wins past M=64. Other archs use the sm_90 row.
 DISPATCH = {90: (4, 64)}
-# The Hopper wgmma kernel (csrc/awq_wgmma.cu) takes rows WGMMA_ROWS (first, last) from the MMA and
-# from dequantize + cuBLAS where it can run (ops.wgmma_ok, outside deterministic mode), on layers of
-# more than WGMMA_MIN_WEIGHTS weights; from WGMMA_EARLY[0] rows already on layers of more than
-# WGMMA_EARLY[1]. H200 2026-11-22 session 9, g128 fp16 µs, mma / wgmma / dequant + cuBLAS,
-# 4096x28672, 14336x4096, 4096x6144, 4096x4096: M=32 57.5 / 51.7, 30.3 / 29.5, 16.8 / 18.0,
-# 13.8 / 16.6 (mma); M=64 82.1 / 55.7, 42.1 / 32.2, 22.7 / 19.6, 17.9 / 17.8; M=128 (dequant)
-# 145.9 / 95.8, 79.7 / 53.7, 33.0 / 28.8, 25.0 / 23.6; M=192 154.0 / 136.0, 86.1 / 72.2, 39.8 /
-# 38.1, 30.2 / 28.6; M=256 dequant wins (170.7 / 176.2 on 4096x28672). Layers of <= 10.5 M weights
-# (seed 002's) run faster on the MMA or dequantize + cuBLAS at every M.
-WGMMA_ROWS: dict[tuple[int, int], tuple[int, int]] = {(9, 0): (33, 192)}
-WGMMA_MIN_WEIGHTS = 12 * 1024 * 1024
-WGMMA_EARLY = (17, 48 * 1024 * 1024)
+# Where the Hopper wgmma kernel (csrc/awq_wgmma.cu) takes over from the MMA and from dequantize +
+# cuBLAS, when it can run (ops.wgmma_ok, outside deterministic mode): per compute capability,
+# (layer weights above, first row, last row), the first entry the layer is above wins. H200
+# 2026-11-22 session 9 (TMA loads), g128 fp16 µs, mma / wgmma / dequant + cuBLAS:
+#   4096x28672 (117 M) M=8 44.5 / 47.0, M=12 46.0 / 42.2, M=64 80.5 / 44.1, M=384 - / 200.2 / 200.9;
+#   14336x4096 (59 M) M=12 25.5 / 25.5, M=16 25.8 / 25.1, M=384 - / 100.5 / 103.8;
+#   4096x6144 (25 M) M=24 16.4 / 16.6, M=32 16.8 / 16.6, M=256 - / 37.8 / 38.6, M=384 - / 50.8 / 44.9;
+#   4096x4096 (17 M) M=32 13.6 / 15.6, M=64 18.0 / 15.8, M=192 - / 23.8 / 29.5, M=256 - / 28.8 / 26.1.
+# Layers of <= 10.5 M weights (seed 002's) stay on the MMA / dequantize + cuBLAS rule.
+WGMMA_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
+    (9, 0): ((48 << 20, 12, 384), (20 << 20, 33, 256), (12 << 20, 33, 192)),
+}
 _SUFFIX = SUFFIX
 
 
@@ -91,10 +91,12 @@ def choose_path(m: int, capability: tuple[int, int], wgmma: bool = False, weight
     gemv_max, mma_max = DISPATCH.get(capability[0] * 10 + capability[1], DISPATCH[90])
     if 0 < m <= gemv_max:
         return "gemv"
-    wg_first, wg_last = WGMMA_ROWS.get(capability, (0, -1))
-    if wg_first <= wg_last and m <= wg_last and wgmma and (
-            (m >= wg_first and weights > WGMMA_MIN_WEIGHTS) or (m >= WGMMA_EARLY[0] and weights > WGMMA_EARLY[1])):
-        return "wgmma"
+    if wgmma:
+        for above, first, last in WGMMA_RULES.get(capability, ()):
+            if weights > above:
+                if first <= m <= last:
+                    return "wgmma"
+                break
     return "mma" if 0 < m <= mma_max else "dequant"
 
 
