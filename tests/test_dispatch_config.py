@@ -54,7 +54,7 @@ def test_kbit_gemv_rows_by_bits() -> None:
 
 
 def test_kbit_wgmma_rows() -> None:
-    """H200: the wgmma kernel takes M = 33..128 on layers above MMA_SMALL_LAYER where it can run
+    """H200: the wgmma kernel takes WGMMA_ROWS (M = 33..192) on layers above MMA_SMALL_LAYER where it can run
     (ops.wgmma_ok, not deterministic mode); elsewhere the MMA / dequantize + cuBLAS rules stand."""
     big, small = 4096 * 28672, 2048 * 2048
     first, last = dispatch.WGMMA_ROWS[(9, 0)]

@@ -35,7 +35,6 @@
 #include "stream_k.cuh"
 #include "wgmma_ptx.cuh"
 
-#include <cudaTypedefs.h>
 
 namespace awq {
 
@@ -309,34 +308,6 @@ __global__ void __launch_bounds__(kAwThreads, 2)
 #endif
 }
 
-// The driver's tensor-map encoder, looked up once through the runtime (no link against libcuda).
-PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
-    static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-        void* p = nullptr;
-        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) !=
-                cudaSuccess ||
-            q != cudaDriverEntryPointSuccess)
-            p = nullptr;
-        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-    }();
-    return fn;
-}
-
-// A 2-D tensor map over rows x inner elements (rows row_bytes apart) with box_inner x box_rows
-// boxes; elements outside read as zero.
-bool encode_2d(CUtensorMap* map, CUtensorMapDataType dt, const void* base, uint64_t inner, uint64_t rows,
-               uint64_t row_bytes, uint32_t box_inner, uint32_t box_rows, CUtensorMapSwizzle swizzle) {
-    const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_tiled();
-    if (fn == nullptr) return false;
-    const cuuint64_t dims[2] = {inner, rows};
-    const cuuint64_t strides[1] = {row_bytes};
-    const cuuint32_t box[2] = {box_inner, box_rows};
-    const cuuint32_t elem_strides[2] = {1, 1};
-    return fn(map, dt, 2, const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-              swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 }  // namespace
 
 // Resident CTAs per SM, for sizing a one-wave grid; 0 on error or where !wgmma_device_ok().
@@ -371,10 +342,10 @@ int wgmma(const void* x, const int32_t* wq, const void* sz, const void* bias, vo
     CUtensorMap tmx, tmw, tms;
     const CUtensorMapDataType xdt =
         std::is_same<T, half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-    if (!encode_2d(&tmx, xdt, x, in, m, static_cast<uint64_t>(in) * 2, kAwBK, kAwRows, CU_TENSOR_MAP_SWIZZLE_128B) ||
-        !encode_2d(&tmw, CU_TENSOR_MAP_DATA_TYPE_UINT32, wq, in, out / 8, static_cast<uint64_t>(in) * 4, 32, kAwGroups,
+    if (!ptx::encode_2d(&tmx, xdt, x, in, m, static_cast<uint64_t>(in) * 2, kAwBK, kAwRows, CU_TENSOR_MAP_SWIZZLE_128B) ||
+        !ptx::encode_2d(&tmw, CU_TENSOR_MAP_DATA_TYPE_UINT32, wq, in, out / 8, static_cast<uint64_t>(in) * 4, 32, kAwGroups,
                    CU_TENSOR_MAP_SWIZZLE_128B) ||
-        !encode_2d(&tms, CU_TENSOR_MAP_DATA_TYPE_UINT32, sz, out, in / group, static_cast<uint64_t>(out) * 4, kAwCols,
+        !ptx::encode_2d(&tms, CU_TENSOR_MAP_DATA_TYPE_UINT32, sz, out, in / group, static_cast<uint64_t>(out) * 4, kAwCols,
                    1, CU_TENSOR_MAP_SWIZZLE_NONE))
         return static_cast<int>(cudaErrorInvalidValue);
     const void* f = reinterpret_cast<const void*>(awq_wgmma_kernel<T>);

@@ -33,15 +33,16 @@ __device__ __forceinline__ uint32_t wide_lut_off(uint32_t v, int i, uint32_t lan
     return __byte_perm(v, lane4, 0x5504u | (static_cast<uint32_t>(i) << 4));
 }
 
-// Every thread helps fill the [256][64]-word table (columns 0..31 used) with 16-bit pairs of type
-// P (half or __nv_bfloat16); caller synchronizes.
-template <int K, typename P = half>
+// Every thread helps fill the [256][RowWords]-word table (columns 0..31 used) with 16-bit pairs of
+// type P (half or __nv_bfloat16); caller synchronizes. RowWords = 32 is the compact table of
+// kbit_wgmma.cu (offsets wide_lut_off(v, i, lane * 8) / 2).
+template <int K, typename P = half, int RowWords = 64>
 __device__ __forceinline__ void build_wide_lut(uint32_t* tbl, const float* __restrict__ codebook) {
     constexpr int kMask = (1 << K) - 1;
     for (int i = threadIdx.x; i < 256 * 8; i += blockDim.x) {
         const int e = i >> 3, q = i & 7;
         const uint32_t w = pack2<P>(__ldg(codebook + (e & kMask)), __ldg(codebook + ((e >> 4) & kMask)));
-        reinterpret_cast<uint4*>(tbl + e * 64)[q] = make_uint4(w, w, w, w);
+        reinterpret_cast<uint4*>(tbl + e * RowWords)[q] = make_uint4(w, w, w, w);
     }
 }
 

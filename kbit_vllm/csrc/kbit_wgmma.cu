@@ -9,7 +9,7 @@
 // from shared memory: one m64n64k16 covers 64 features x 64 x rows x 16 inputs, so the decode is
 // the whole per-weight cost at any M up to 64 (more rows take more row tiles, each decoding again).
 // * CTA = 2 warpgroups = two 128-feature layout tiles (a 256-feature row tile; a missing second
-//   tile at the end of N is zero-filled and not stored). Warp w of a warpgroup owns features
+//   tile at the end of N is not loaded and not stored). Warp w of a warpgroup owns features
 //   32w..32w+31 of its layout tile as rows of two m64 tiles: lane row r = lane / 4 holds features
 //   32w + 4r + 2i (A row r of m64 tile i) and 32w + 4r + 2i + 1 (A row r + 8), so a lane's plane
 //   words and absmax bytes are 4 adjacent ones (one 16-byte and one 4-byte shared load) and its
@@ -19,17 +19,19 @@
 //   features, 64 x rows), row tiles feature-major; partial row tiles as in kbit_mma.cu: fp32
 //   vector reductions into a zeroed accumulator, a per-tile counter, the last CTA writes y and
 //   leaves both zero. (No deterministic mode: backends/cuda picks kbit_mma.cu there.)
-// * The stage's x rows live in the wide pair table's unused right halves, as 8-row x 16-byte core
-//   matrices: core matrix (row group i, input chunk c) of slot s is the right half of table row
-//   64s + 8i + c, read through a no-swizzle K-major descriptor (chunks 256 bytes apart, row groups
-//   2048): 4 x slots. Weights and absmax go to 4 slots after the 65 KB table: 100 KB at k=4, 2 CTAs
-//   per SM (128 registers).
-// * Weights are loaded 3 stages ahead of the stage being decoded (a slot is refilled once every
-//   warp decoded it: a block barrier sits between), x 2 stages ahead (a slot is refilled only
-//   after every warp waited for its wgmmas of 2 stages back). Each k16 half's 2 wgmmas (both m64
-//   tiles) are one commit group with their own A registers; before decoding a half a warp waits
-//   until at most one group (the other half's) is pending, so the tensor cores run one half while
-//   the warp decodes the next.
+// * Loads are asynchronous copies that thread 0 issues and a per-slot mbarrier counts in bytes: a
+//   bulk copy of each layout tile's plane words and of its absmax bytes (a stage's blocks are
+//   contiguous in the tiled layout) and a TMA box of the stage's x rows (64 rows x 64 inputs,
+//   128-byte swizzle, read by the wgmmas through a swizzled K-major descriptor; rows past M and
+//   inputs past the layer read as zeros). The pair table is the compact one (one 128-byte row of
+//   32 lane copies per pair code, 32 KB); with it, 4 slots of x + weights + absmax take 102 KB at
+//   k=4: 2 CTAs per SM (128 registers). (cp.async from every thread, with x in a 64 KB table's
+//   spare halves, was the limiter: RESULTS.md, session 9.)
+// * Stages are loaded 2 ahead of the one decoded: a slot is refilled only after every warp
+//   decoded it and waited for its wgmmas (a block barrier sits between). Each k16 half's 2 wgmmas
+//   (both m64 tiles) are one commit group with their own A registers; before decoding a half a
+//   warp waits until at most one group (the other half's) is pending, so the tensor cores run one
+//   half while the warp decodes the next.
 #include "kbit_mma_frag.cuh"
 #include "kbit_sk.cuh"
 #include "pdl.cuh"
@@ -44,36 +46,33 @@ constexpr int kWgRows = 64;            // x rows per row tile (the wgmma N)
 constexpr int kWgBK = 2;               // quantization blocks per stage
 constexpr int kWgTW = 2;               // layout tiles per row tile (one per warpgroup)
 constexpr int kWgCols = kTileN * kWgTW;  // features per row tile
-constexpr int kWgWSlots = 4;           // weight / absmax stage slots (two layout tiles each)
-[[maybe_unused]] constexpr int kWgWAhead = kWgWSlots - 1;  // weight stages loaded ahead of the one decoded
-constexpr int kWgXSlots = 4;           // x stage slots (in the table's right halves)
-[[maybe_unused]] constexpr int kWgXAhead = kWgXSlots - 2;  // x stages loaded ahead: the wgmmas read x asynchronously
-[[maybe_unused]] constexpr int kWgTileFloats = kWgRows * kWgCols;
+constexpr int kWgSlots = 4;            // stage slots (x, weights, absmax)
+constexpr int kWgAhead = kWgSlots - 2;  // stages loaded ahead: the wgmmas read x until 2 stages later
+constexpr int kWgTileFloats = kWgRows * kWgCols;
+constexpr int kWgLutWords = 256 * 32;  // compact pair table: one 128-byte row per pair code
+constexpr int kWgXBytes = kWgRows * kWgBK * 32 * 2;  // x rows of a stage (128-byte swizzled)
 
 template <int K>
 struct WgCfg {
-    static constexpr int kLutBytes = kWideLutWords * 4 + 256 * 4;  // wide pair table + scale table
+    static constexpr int kLutBytes = kWgLutWords * 4 + 256 * 4;   // pair table + scale table
     static constexpr int kTileWords = kWgBK * K * kTileN;          // plane words of one layout tile per stage
     static constexpr int kBWords = kWgTW * kTileWords;             // [tile][block][plane][128]
     static constexpr int kAbsBytes = kWgTW * kWgBK * kTileN;       // [tile][block][128]
-    static constexpr int kStageBytes = kBWords * 4 + kAbsBytes;
-    static constexpr int kBytes = kLutBytes + kStageBytes * kWgWSlots;
-    static constexpr int kXChunks = kWgRows * kWgBK * 4;           // 16-byte x chunks per stage
-    static_assert(kWgXSlots * kWgRows <= 256, "x slots past the table");
-    static_assert(kStageBytes % 16 == 0 && kLutBytes % 16 == 0, "16-byte copies");
-    static_assert(kXChunks % kWgThreads == 0 && kAbsBytes / 16 <= kWgThreads && kWgTW == 2,
-                  "whole copy rounds, one layout tile per warpgroup");
+    static constexpr int kSlotBytes = (kWgXBytes + kBWords * 4 + kAbsBytes + 1023) / 1024 * 1024;
+    static constexpr int kSlotsOff = (kLutBytes + 1023) / 1024 * 1024;
+    static constexpr int kBarOff = kSlotsOff + kWgSlots * kSlotBytes;  // one mbarrier per slot
+    static constexpr int kBytes = 1024 + kBarOff + kWgSlots * 8;      // + alignment to 1024 bytes
 };
 
 template <typename T, int K>
 __global__ void __launch_bounds__(kWgThreads, 2)
-    wgmma_sk_kernel(const T* __restrict__ x, const uint32_t* __restrict__ packed_t,
+    wgmma_sk_kernel(const __grid_constant__ CUtensorMap tm_x, const uint32_t* __restrict__ packed_t,
                     const uint8_t* __restrict__ absmax_t, const float* __restrict__ codebook,
                     const T* __restrict__ bias, T* __restrict__ y, int M, int N, int nb, float* __restrict__ ws,
                     int* __restrict__ counters) {
 #if defined(KBIT_WGMMA)
     using S = WgCfg<K>;
-    extern __shared__ __align__(128) unsigned char smem_wg[];
+    extern __shared__ __align__(128) unsigned char smem_raw[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane & 3, r8 = lane >> 2;
     const int n_tiles = (N + kTileN - 1) / kTileN;
@@ -84,30 +83,21 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     const long long units = static_cast<long long>(n_rt) * m_tiles * nst;
     const int u0 = static_cast<int>(sk_start(cta, units, ctas));
     const int u1 = static_cast<int>(sk_start(cta + 1, units, ctas));
-    const int in_f = nb * 32;
+    // The table, then the slots on 1024-byte boundaries (the swizzle atom of the x boxes).
+    const uint32_t raw_s = ptx::smem_u32(smem_raw);
+    const uint32_t smem_s = (raw_s + 1023u) & ~1023u;
+    unsigned char* smem_wg = smem_raw + (smem_s - raw_s);
     uint32_t* tbl = reinterpret_cast<uint32_t*>(smem_wg);
-    unsigned char* stages = smem_wg + S::kLutBytes;
-    const uint32_t tbl_s = ptx::smem_u32(smem_wg);
+    const unsigned char* stages = smem_wg + S::kSlotsOff;
+    const uint32_t slots_s = smem_s + S::kSlotsOff, bars = smem_s + S::kBarOff;
 
-    // Stage loads: weights and absmax of a unit into a weight slot, its x rows into an x slot,
-    // each one cp.async commit group. The weight and x cursors each name the next unit to load
-    // (layout tile t, row tile of x mt, stage st) and keep this thread's source pointers, stepped
-    // by a constant per stage and recomputed only when a row tile ends (no per-stage address
-    // arithmetic beyond that). A stage past nb (odd nb, the last of a row tile) zero-fills its
-    // missing block.
-    constexpr int kTChunks = S::kTileWords / 4;                  // 16-byte weight chunks per tile and stage
-    constexpr int kWChunks = kWgTW * kTChunks;
-    constexpr int kWPer = (kWChunks + kWgThreads - 1) / kWgThreads;
-    constexpr int kXPer = S::kXChunks / kWgThreads;               // x chunks per thread and stage
-    // This thread's x chunks c = tid + 256 i: input chunk xch, row xrow0 + 32 i of the row tile,
-    // at shared byte xdst + 8192 i of the slot. A warp copies 64 contiguous bytes (chunks 0..3 or
-    // 4..7) of 8 rows: 8 global lines, and 4 whole 128-byte core matrices in shared memory (4
-    // wavefronts). (With lanes spread over 16 rows, ncu counted 5.6x the ideal L1 wavefronts for
-    // the stage copies at M=64.)
-    const int xch = ((tid >> 5) & 1) * 4 + (tid & 3), xrow0 = (tid >> 6) * 8 + ((tid >> 2) & 7);
-    const int xdst = ((tid >> 6) * 8 + xch) * 256 + ((tid >> 2) & 7) * 16;
-    static_assert(kXPer * kWgThreads == S::kXChunks && kWgThreads % 64 == 0, "x chunk rounds");
-    // (t, mt, st) of a unit, and the unit after it.
+    // Stage loads, issued by thread 0 and counted in bytes on the slot's mbarrier: one bulk copy of
+    // each layout tile's plane words (the stage's blocks are contiguous in the tiled layout) and one
+    // of its absmax bytes, and a TMA box of the x rows (64 rows x 64 inputs, 128-byte swizzle: the
+    // canonical K-major wgmma B layout; rows past M and inputs past nb * 32 read as zeros). A
+    // layout tile past N or a block past nb is not copied: its stale weights are finite and meet
+    // zero x, or feed outputs that are never stored. (With cp.async from every thread the loads
+    // were the limiter: RESULTS.md, session 9.) Slot layout: [x][plane words][absmax].
     struct Unit {
         int t, mt, st;
     };
@@ -119,124 +109,58 @@ __global__ void __launch_bounds__(kWgThreads, 2)
         n.mt = q - n.t * m_tiles;
         return n;
     };
-    // Steps n to the next unit; true when a row tile ends (the pointers are sought again).
     auto next_unit = [&](Unit& n) {
-        if (++n.st != nst) return false;
+        if (++n.st != nst) return;
         n.st = 0;
         if (++n.mt == m_tiles) {
             n.mt = 0;
             ++n.t;
         }
-        return true;
     };
-    struct WCursor {
-        Unit n;
-        const uint32_t* p[kWPer];  // this thread's weight chunks c = tid + 256 i of the stage
-        const uint8_t* a;          // its absmax chunk (tid < kAbsBytes / 16)
-        uint32_t zf;               // bit i: chunk i is in a layout tile past N (bit kWPer: the absmax chunk)
-    };
-    struct XCursor {
-        Unit n;
-        const T* p[kXPer];  // this thread's x chunks of the stage (row 0 where the row is past M)
-        uint32_t zf;        // bit i: chunk i is past M (zero-filled)
-    };
-    auto w_seek = [&](WCursor& c) {
-        c.zf = 0;
-#pragma unroll
-        for (int i = 0; i < kWPer; ++i) {
-            const int ch = tid + i * kWgThreads, tw = ch / kTChunks, t = c.n.t * kWgTW + tw;
-            c.zf |= t < n_tiles ? 0u : 1u << i;
-            const size_t blk = static_cast<size_t>(t < n_tiles ? t : 0) * nb + c.n.st * kWgBK;
-            c.p[i] = packed_t + blk * K * kTileN + (ch - tw * kTChunks) * 4;
-        }
-        constexpr int kAbsTile = kWgBK * kTileN / 16;  // absmax chunks per tile
-        const int tw = tid / kAbsTile, t = c.n.t * kWgTW + tw;
-        c.zf |= (t < n_tiles && tid < S::kAbsBytes / 16) ? 0u : 1u << kWPer;
-        const size_t blk = static_cast<size_t>(t < n_tiles ? t : 0) * nb + c.n.st * kWgBK;
-        c.a = absmax_t + blk * kTileN + (tid < S::kAbsBytes / 16 ? (tid - tw * kAbsTile) * 16 : 0);
-    };
-    auto x_seek = [&](XCursor& c) {
-        c.zf = 0;
-#pragma unroll
-        for (int i = 0; i < kXPer; ++i) {
-            const int row = c.n.mt * kWgRows + xrow0 + 32 * i;
-            c.zf |= row < M ? 0u : 1u << i;
-            c.p[i] = x + static_cast<size_t>(row < M ? row : 0) * in_f + c.n.st * kWgBK * 32 + xch * 8;
+    Unit lc = unit_at(u0);
+    // Weights and absmax; the x box's bytes are expected here too (x follows in load_x).
+    auto load_w = [&](const Unit& n, int slot) {
+        const uint32_t base = slots_s + static_cast<uint32_t>(slot * S::kSlotBytes), bar = bars + slot * 8;
+        const int jn = min(kWgBK, nb - n.st * kWgBK);  // blocks of this stage
+        const int tiles = min(kWgTW, n_tiles - n.t * kWgTW);
+        ptx::mbar_arrive_expect_tx(bar, static_cast<uint32_t>(kWgXBytes + tiles * jn * (K * kTileN * 4 + kTileN)));
+        for (int tw = 0; tw < tiles; ++tw) {
+            const size_t blk = static_cast<size_t>(n.t * kWgTW + tw) * nb + n.st * kWgBK;
+            ptx::bulk_copy(base + kWgXBytes + tw * S::kTileWords * 4, packed_t + blk * K * kTileN,
+                           static_cast<uint32_t>(jn * K * kTileN * 4), bar);
+            ptx::bulk_copy(base + kWgXBytes + S::kBWords * 4 + tw * kWgBK * kTileN, absmax_t + blk * kTileN,
+                           static_cast<uint32_t>(jn * kTileN), bar);
         }
     };
-    auto load_w = [&](WCursor& c, int slot) {
-        unsigned char* base = stages + slot * S::kStageBytes;
-        const int jn = min(kWgBK, nb - c.n.st * kWgBK);  // valid blocks in this stage
-#pragma unroll
-        for (int i = 0; i < kWPer; ++i) {
-            const int ch = tid + i * kWgThreads;
-            if (kWChunks % kWgThreads == 0 || ch < kWChunks) {
-                const int cc = ch % kTChunks;
-                const bool ok = !((c.zf >> i) & 1u) && (jn == kWgBK || cc * 4 < jn * K * kTileN);
-                ptx::cp_async16(base + ch * 16, ok ? c.p[i] : packed_t, ok);
-            }
-        }
-        if (tid < S::kAbsBytes / 16) {
-            const int cc = tid % (kWgBK * kTileN / 16);
-            const bool ok = !((c.zf >> kWPer) & 1u) && (jn == kWgBK || cc * 16 < jn * kTileN);
-            ptx::cp_async16(base + S::kBWords * 4 + tid * 16, ok ? c.a : absmax_t, ok);
-        }
-        if (next_unit(c.n)) {
-            w_seek(c);
-        } else {
-#pragma unroll
-            for (int i = 0; i < kWPer; ++i) c.p[i] += kWgBK * K * kTileN;
-            c.a += kWgBK * kTileN;
-        }
+    auto load_x = [&](const Unit& n, int slot) {
+        ptx::tma_load_2d(slots_s + static_cast<uint32_t>(slot * S::kSlotBytes), &tm_x, n.st * kWgBK * 32,
+                         n.mt * kWgRows, bars + slot * 8);
     };
-    auto load_x = [&](XCursor& c, int slot) {
-        unsigned char* xs = smem_wg + slot * kWgRows * 256 + 128 + xdst;
-        const int jn = min(kWgBK, nb - c.n.st * kWgBK);
-        const bool chunk_ok = jn == kWgBK || xch < jn * 4;
-#pragma unroll
-        for (int i = 0; i < kXPer; ++i) {
-            const bool ok = chunk_ok && !((c.zf >> i) & 1u);
-            ptx::cp_async16(xs + i * 8192, ok ? c.p[i] : x, ok);
-        }
-        if (next_unit(c.n)) {
-            x_seek(c);
-        } else {
-#pragma unroll
-            for (int i = 0; i < kXPer; ++i) c.p[i] += kWgBK * 32;
-        }
-    };
-    WCursor wcur;
-    XCursor xcur;
-    wcur.n = xcur.n = unit_at(u0);
-    w_seek(wcur);
-    x_seek(xcur);
 
-    // The tables are built while the previous kernel may still run (PDL, pdl.cuh); the stages
-    // carry x and follow pdl_wait. The loop's first barrier publishes the tables.
+    if (tid == 0) {
+        for (int i = 0; i < kWgSlots; ++i) ptx::mbar_init(bars + i * 8, 1);
+        ptx::mbar_init_fence();
+    }
+    // The tables are built and the first stages' weights requested while the previous kernel may
+    // still run (PDL, pdl.cuh); x follows pdl_wait. The barrier after the build publishes the
+    // tables and the initialized mbarriers.
     pdl_trigger();
-    build_wide_lut<K, T>(tbl, codebook);
+    build_wide_lut<K, T, kWgLutWords / 256>(tbl, codebook);  // compact: [256][32] words
     {
         const float sc = decode_e4m4_fast(static_cast<uint32_t>(tid));  // scale pair of absmax byte tid
-        tbl[kWideLutWords + tid] = pack2<T>(sc, sc);
+        tbl[kWgLutWords + tid] = pack2<T>(sc, sc);
+    }
+    __syncthreads();
+    if (tid == 0) {
+        Unit n = lc;
+        for (int s = 0; s < kWgAhead && u0 + s < u1; ++s, next_unit(n)) load_w(n, s);
     }
     pdl_wait();
-    // Commit groups in issue order: w(0) .. w(kWgWAhead - kWgXAhead - 1), then per stage i from
-    // -kWgXAhead on: w(i + kWgWAhead), x(i + kWgXAhead) (empty past the range). When stage i starts,
-    // x(i) is followed by exactly 2 newer groups, and w(i) is older still.
-    for (int s = 0; s < kWgWAhead - kWgXAhead; ++s) {
-        if (u0 + s < u1) load_w(wcur, s);
-        ptx::cp_async_commit();
-    }
-#pragma unroll
-    for (int s = 0; s < kWgXAhead; ++s) {
-        const int sw = s + kWgWAhead - kWgXAhead;
-        if (u0 + sw < u1) load_w(wcur, sw);
-        ptx::cp_async_commit();
-        if (u0 + s < u1) load_x(xcur, s);
-        ptx::cp_async_commit();
+    if (tid == 0) {
+        for (int s = 0; s < kWgAhead && u0 + s < u1; ++s, next_unit(lc)) load_x(lc, s);
     }
 
-    const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
+    const uint32_t lane8 = static_cast<uint32_t>(lane) * 8u;  // wide_lut_off(.., lane8) / 2: 128-byte rows
     const char* tblc = reinterpret_cast<const char*>(tbl);
     const int tw = warp >> 2;                    // this warpgroup's layout tile in the row tile
     const int c0 = 32 * (warp & 3) + 4 * r8;     // this lane's first feature in that layout tile
@@ -246,7 +170,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     // wslot; the next block's are read once this block's group words are formed, so their loads
     // overlap this block's table lookups.
     auto read_planes = [&](int wslot, int blk, uint4 (&pw)[K], uint32_t& ab) {
-        const unsigned char* base = stages + wslot * S::kStageBytes;
+        const unsigned char* base = stages + wslot * S::kSlotBytes + kWgXBytes;
         const uint32_t* b_s = reinterpret_cast<const uint32_t*>(base) + tw * S::kTileWords;
 #pragma unroll
         for (int b = 0; b < K; ++b) pw[b] = *reinterpret_cast<const uint4*>(b_s + (blk * K + b) * kTileN + c0);
@@ -269,15 +193,16 @@ __global__ void __launch_bounds__(kWgThreads, 2)
 #pragma unroll
             for (int r = 0; r < 32; ++r) acc[i][r] = 0.f;
         for (; u < seg_end; ++u, ++it) {
-            ptx::cp_async_wait<2>();          // this thread's copies of stage it (x and weights)
-            ptx::fence_proxy_async_smem();    // visible to the tensor cores' reads of x
-            __syncthreads();  // everyone's; every warp decoded stage it - 1 and its wgmmas of it - 2 are done
-            if (u + kWgWAhead < u1) load_w(wcur, (it + kWgWAhead) % kWgWSlots);
-            ptx::cp_async_commit();
-            if (u + kWgXAhead < u1) load_x(xcur, (it + kWgXAhead) % kWgXSlots);
-            ptx::cp_async_commit();
-            const int slot = it % kWgXSlots, wslot = it % kWgWSlots;
-            const uint32_t xs = tbl_s + static_cast<uint32_t>(slot * kWgRows * 256 + 128);
+            const int slot = it % kWgSlots, wslot = slot;
+            ptx::mbar_wait(bars + slot * 8, static_cast<uint32_t>(it / kWgSlots) & 1u);  // stage it landed
+            __syncthreads();  // every warp decoded stage it - 1 and its wgmmas of it - 2 are done
+            if (tid == 0 && u + kWgAhead < u1) {
+                const int ls = (it + kWgAhead) % kWgSlots;
+                load_w(lc, ls);
+                load_x(lc, ls);
+                next_unit(lc);
+            }
+            const uint64_t desc0 = ptx::wgmma_desc_sw128(slots_s + static_cast<uint32_t>(slot * S::kSlotBytes));
             static_assert(kWgBK == 2, "two blocks per stage");
             uint4 pw[K];
             uint32_t ab;
@@ -291,7 +216,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
 #pragma unroll
                     for (int b = 0; b < K; ++b) p[b] = s == 0 ? pw[b].x : s == 1 ? pw[b].y : s == 2 ? pw[b].z : pw[b].w;
                     gw[s] = rotr32(group_word<K>(p, g), g);
-                    s2[s] = tbl[kWideLutWords + __byte_perm(ab, 0u, 0x4440u | s)];
+                    s2[s] = tbl[kWgLutWords + __byte_perm(ab, 0u, 0x4440u | s)];
                 }
                 if (blk + 1 < kWgBK) read_planes(wslot, blk + 1, pw, ab);  // overlaps this block's decode
                 // One commit group per k16 half (both m64 tiles), A registers a[kk]: the group two back
@@ -306,15 +231,14 @@ __global__ void __launch_bounds__(kWgThreads, 2)
 #pragma unroll
                         for (int h = 0; h < 2; ++h) {
                             const int sf = 2 * i + h;
-                            const uint32_t o0 = wide_lut_off(gw[sf], 2 * kk, lane4);
-                            const uint32_t o1 = wide_lut_off(gw[sf], 2 * kk + 1, lane4);
+                            const uint32_t o0 = wide_lut_off(gw[sf], 2 * kk, lane8) >> 1;
+                            const uint32_t o1 = wide_lut_off(gw[sf], 2 * kk + 1, lane8) >> 1;
                             a[kk][i][h] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + o0), s2[sf]);
                             a[kk][i][2 + h] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + o1), s2[sf]);
                         }
                     fence_acc();
                     ptx::wgmma_fence();
-                    const uint64_t desc =
-                        ptx::wgmma_desc(xs + static_cast<uint32_t>((blk * 4 + kk * 2) * 256), 256, 8 * 256);
+                    const uint64_t desc = desc0 + static_cast<uint64_t>((blk * 2 + kk) * 2);  // 32 bytes a k16 step
 #pragma unroll
                     for (int i = 0; i < 2; ++i) ptx::wgmma_m64n64k16<T>(acc[i], a[kk][i], desc, 1);
                     ptx::wgmma_commit();
@@ -380,7 +304,6 @@ __global__ void __launch_bounds__(kWgThreads, 2)
         ++q;
         seg_from_start = true;
     }
-    ptx::cp_async_wait<0>();
 #else
     __trap();  // only sm_90a has wgmma; the host launches this kernel on compute capability 9.0 only
 #endif
@@ -435,13 +358,19 @@ int launch_wgmma(const void* x, const void* pt, const uint8_t* at, const float* 
     if (f == nullptr || nb <= 0 || M < 0 || ctas < 1 || ctas > units || units > (1LL << 30) || ws == nullptr ||
         counters == nullptr || !wgmma_device_ok())
         return static_cast<int>(cudaErrorInvalidValue);
+    // x [M, nb * 32] in 64-row x 64-input boxes with the 128-byte swizzle (the wgmma B layout).
+    CUtensorMap tmx;
+    const CUtensorMapDataType xdt =
+        std::is_same<T, half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    if (!ptx::encode_2d(&tmx, xdt, x, static_cast<uint64_t>(nb) * 32, M, static_cast<uint64_t>(nb) * 64,
+                        kWgBK * 32, kWgRows, CU_TENSOR_MAP_SWIZZLE_128B))
+        return static_cast<int>(cudaErrorInvalidValue);
     const cudaError_t attr = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (attr != cudaSuccess) return static_cast<int>(attr);
-    const T* xt = static_cast<const T*>(x);
     const uint32_t* p = static_cast<const uint32_t*>(pt);
     const T* bt = static_cast<const T*>(bias);
     T* yt = static_cast<T*>(y);
-    void* args[] = {&xt, &p, &at, &cb, &bt, &yt, &M, &N, &nb, &ws, &counters};
+    void* args[] = {&tmx, &p, &at, &cb, &bt, &yt, &M, &N, &nb, &ws, &counters};
     cudaLaunchAttribute attrs[1];
     const cudaLaunchConfig_t cfg = pdl_config(dim3(ctas), dim3(kWgThreads), smem, stream, attrs);
     const cudaError_t e = cudaLaunchKernelExC(&cfg, f, args);

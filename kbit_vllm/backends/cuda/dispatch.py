@@ -77,13 +77,14 @@ MMA_SMALL_LAYER = 12 * 1024 * 1024
 
 # Rows (first, last) that the Hopper wgmma kernel (csrc/kbit_wgmma.cu) takes from the MMA and from
 # dequantize + cuBLAS, where it can run (compute capability 9.0, k <= 4, an sm_90a library, not
-# deterministic mode) and the layer is above MMA_SMALL_LAYER. H200 2026-11-22 session 8, k=4 fp16
-# µs, mma (v2) or the op's dequantize + cuBLAS / wgmma, 4096x28672, 14336x4096, 4096x6144,
-# 4096x4096: M=33 67.0 / 60.4, 35.9 / 34.7, 21.4 / 20.4, 17.0 / 17.9; M=64 70.3 / 64.7, 37.8 /
-# 36.8, 23.0 / 21.6, 18.3 / 18.6; M=128 (dequantize + cuBLAS) 146.4 / 113.1, 79.6 / 62.0, 33.3 /
-# 33.0, 26.3 / 26.6. At M=32 variant 5 (32-row tiles) is faster.
+# deterministic mode) and the layer is above MMA_SMALL_LAYER. H200 2026-11-22 session 9 (TMA loads),
+# k=4 fp16 µs, mma (v2) or the op's dequantize + cuBLAS / wgmma, 4096x28672, 14336x4096,
+# 4096x6144, 4096x4096: M=33 66.2 / 56.5, 35.3 / 31.6, 21.2 / 18.9, 16.8 / 17.0; M=64 68.9 / 56.2,
+# 37.2 / 32.0, 22.4 / 19.1, 18.1 / 17.3; M=128 (dequantize) 146.7 / 99.3, 79.7 / 53.9, 33.0 /
+# 29.2, 26.3 / 23.9; M=192 151.8 / 142.1, 86.9 / 74.8, 40.5 / 38.5, 31.2 / 28.8; M=256 171.4 /
+# 184.1 (dequantize wins). At M=32 variant 5 (32-row tiles) is faster.
 WGMMA_ROWS: dict[tuple[int, int], tuple[int, int]] = {
-    (9, 0): (33, 128),
+    (9, 0): (33, 192),
 }
 
 
