@@ -55,10 +55,10 @@ constexpr int kAwWSeg = kAwGroups * 32 * 4;       // weight words of a segment: 
 constexpr int kAwSSeg = kAwCols * 4;              // scale / offset pairs of a segment
 constexpr int kAwSlotBytes = kAwXBytes + 2 * kAwWSeg + 2 * kAwSSeg;  // x, weights, scales: 18 KB
 constexpr int kAwSlots = 5;
-constexpr int kAwAhead = kAwSlots - 2;  // stages loaded ahead: the wgmmas read x until 2 stages later
+[[maybe_unused]] constexpr int kAwAhead = kAwSlots - 2;  // stages loaded ahead: the wgmmas read x until 2 stages later
 constexpr int kAwBarOff = kAwSlots * kAwSlotBytes;  // one mbarrier per slot: its stage has landed
 constexpr int kAwBytes = 1024 + kAwBarOff + kAwSlots * 8;  // + alignment of the slots to 1024 bytes
-constexpr int kAwTileFloats = kAwRows * kAwCols;
+[[maybe_unused]] constexpr int kAwTileFloats = kAwRows * kAwCols;
 static_assert(kAwXBytes % 1024 == 0 && kAwWSeg % 1024 == 0 && kAwSlotBytes % 1024 == 0,
               "swizzled TMA boxes start on 1024-byte boundaries");
 

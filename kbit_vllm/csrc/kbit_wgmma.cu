@@ -47,8 +47,8 @@ constexpr int kWgBK = 2;               // quantization blocks per stage
 constexpr int kWgTW = 2;               // layout tiles per row tile (one per warpgroup)
 constexpr int kWgCols = kTileN * kWgTW;  // features per row tile
 constexpr int kWgSlots = 4;            // stage slots (x, weights, absmax)
-constexpr int kWgAhead = kWgSlots - 2;  // stages loaded ahead: the wgmmas read x until 2 stages later
-constexpr int kWgTileFloats = kWgRows * kWgCols;
+[[maybe_unused]] constexpr int kWgAhead = kWgSlots - 2;  // stages loaded ahead: the wgmmas read x until 2 stages later
+[[maybe_unused]] constexpr int kWgTileFloats = kWgRows * kWgCols;
 constexpr int kWgLutWords = 256 * 32;  // compact pair table: one 128-byte row per pair code
 constexpr int kWgXBytes = kWgRows * kWgBK * 32 * 2;  // x rows of a stage (128-byte swizzled)
 
