@@ -44,6 +44,7 @@ using kbit::red_add4;
 using kbit::sk_cta_arrive_last;
 using kbit::sk_owner;
 using kbit::sk_start;
+using kbit::SkUnit;
 
 constexpr int kAwThreads = 256;                   // 2 warpgroups
 constexpr int kAwRows = 64;                       // x rows per row tile (the wgmma N)
@@ -115,28 +116,9 @@ __global__ void __launch_bounds__(kAwThreads, 2)
     // a slot, all counted on the slot's mbarrier. Boxes past `in`, `out`, M or the last group
     // read as zeros, so a half stage (in % 64 == 32) has zero scales and x in its second segment.
     // The loader cursor names the next unit to load (row tile t, x row tile mt, stage st).
-    struct Unit {
-        int t, mt, st;
-    };
-    auto unit_at = [&](int u) {
-        const int q = u / nst;
-        Unit n;
-        n.st = u - q * nst;
-        n.t = q / m_tiles;
-        n.mt = q - n.t * m_tiles;
-        return n;
-    };
-    auto next_unit = [&](Unit& n) {
-        if (++n.st != nst) return;
-        n.st = 0;
-        if (++n.mt == m_tiles) {
-            n.mt = 0;
-            ++n.t;
-        }
-    };
-    Unit lc = unit_at(u0);
+    SkUnit lc = SkUnit::at(u0, nst, m_tiles);  // the next unit to load
     constexpr uint32_t kStageTx = kAwSlotBytes;
-    auto load_w = [&](const Unit& n, int slot) {  // weights and scales (before pdl_wait allowed)
+    auto load_w = [&](const SkUnit& n, int slot) {  // weights and scales (before pdl_wait allowed)
         const uint32_t base = smem_s + static_cast<uint32_t>(slot * kAwSlotBytes), bar = bars + slot * 8;
         const int k0 = n.st * kAwBK;
         ptx::mbar_arrive_expect_tx(bar, kStageTx);
@@ -147,7 +129,7 @@ __global__ void __launch_bounds__(kAwThreads, 2)
                              (k0 + 32 * seg) >> gshift, bar);
         }
     };
-    auto load_x = [&](const Unit& n, int slot) {
+    auto load_x = [&](const SkUnit& n, int slot) {
         ptx::tma_load_2d(smem_s + static_cast<uint32_t>(slot * kAwSlotBytes), &tm_x, n.st * kAwBK, n.mt * kAwRows,
                          bars + slot * 8);
     };
@@ -161,12 +143,12 @@ __global__ void __launch_bounds__(kAwThreads, 2)
     // previous kernel may still run (PDL, pdl.cuh); x follows pdl_wait.
     kbit::pdl_trigger();
     if (tid == 0) {
-        Unit n = lc;
-        for (int s = 0; s < kAwAhead && u0 + s < u1; ++s, next_unit(n)) load_w(n, s);
+        SkUnit n = lc;
+        for (int s = 0; s < kAwAhead && u0 + s < u1; ++s, n.next(nst, m_tiles)) load_w(n, s);
     }
     kbit::pdl_wait();
     if (tid == 0) {
-        for (int s = 0; s < kAwAhead && u0 + s < u1; ++s, next_unit(lc)) load_x(lc, s);
+        for (int s = 0; s < kAwAhead && u0 + s < u1; ++s, lc.next(nst, m_tiles)) load_x(lc, s);
     }
 
     const int tw = warp >> 2;                    // this warpgroup's half of the row tile
@@ -203,7 +185,7 @@ __global__ void __launch_bounds__(kAwThreads, 2)
                 const int ls = (it + kAwAhead) % kAwSlots;
                 load_w(lc, ls);
                 load_x(lc, ls);
-                next_unit(lc);
+                lc.next(nst, m_tiles);
             }
             const unsigned char* base = smem_aw + slot * kAwSlotBytes;
             const uint32_t* wseg = reinterpret_cast<const uint32_t*>(base + kAwXBytes) + cgl * 32;

@@ -98,28 +98,9 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     // layout tile past N or a block past nb is not copied: its stale weights are finite and meet
     // zero x, or feed outputs that are never stored. (With cp.async from every thread the loads
     // were the limiter: RESULTS.md, session 9.) Slot layout: [x][plane words][absmax].
-    struct Unit {
-        int t, mt, st;
-    };
-    auto unit_at = [&](int u) {
-        const int q = u / nst;
-        Unit n;
-        n.st = u - q * nst;
-        n.t = q / m_tiles;
-        n.mt = q - n.t * m_tiles;
-        return n;
-    };
-    auto next_unit = [&](Unit& n) {
-        if (++n.st != nst) return;
-        n.st = 0;
-        if (++n.mt == m_tiles) {
-            n.mt = 0;
-            ++n.t;
-        }
-    };
-    Unit lc = unit_at(u0);
+    SkUnit lc = SkUnit::at(u0, nst, m_tiles);  // the next unit to load
     // Weights and absmax; the x box's bytes are expected here too (x follows in load_x).
-    auto load_w = [&](const Unit& n, int slot) {
+    auto load_w = [&](const SkUnit& n, int slot) {
         const uint32_t base = slots_s + static_cast<uint32_t>(slot * S::kSlotBytes), bar = bars + slot * 8;
         const int jn = min(kWgBK, nb - n.st * kWgBK);  // blocks of this stage
         const int tiles = min(kWgTW, n_tiles - n.t * kWgTW);
@@ -132,7 +113,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
                            static_cast<uint32_t>(jn * kTileN), bar);
         }
     };
-    auto load_x = [&](const Unit& n, int slot) {
+    auto load_x = [&](const SkUnit& n, int slot) {
         ptx::tma_load_2d(slots_s + static_cast<uint32_t>(slot * S::kSlotBytes), &tm_x, n.st * kWgBK * 32,
                          n.mt * kWgRows, bars + slot * 8);
     };
@@ -152,12 +133,12 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     }
     __syncthreads();
     if (tid == 0) {
-        Unit n = lc;
-        for (int s = 0; s < kWgAhead && u0 + s < u1; ++s, next_unit(n)) load_w(n, s);
+        SkUnit n = lc;
+        for (int s = 0; s < kWgAhead && u0 + s < u1; ++s, n.next(nst, m_tiles)) load_w(n, s);
     }
     pdl_wait();
     if (tid == 0) {
-        for (int s = 0; s < kWgAhead && u0 + s < u1; ++s, next_unit(lc)) load_x(lc, s);
+        for (int s = 0; s < kWgAhead && u0 + s < u1; ++s, lc.next(nst, m_tiles)) load_x(lc, s);
     }
 
     const uint32_t lane8 = static_cast<uint32_t>(lane) * 8u;  // wide_lut_off(.., lane8) / 2: 128-byte rows
@@ -200,7 +181,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
                 const int ls = (it + kWgAhead) % kWgSlots;
                 load_w(lc, ls);
                 load_x(lc, ls);
-                next_unit(lc);
+                lc.next(nst, m_tiles);
             }
             const uint64_t desc0 = ptx::wgmma_desc_sw128(slots_s + static_cast<uint32_t>(slot * S::kSlotBytes));
             static_assert(kWgBK == 2, "two blocks per stage");

@@ -24,6 +24,29 @@ __device__ __forceinline__ long long sk_owner(long long u, long long units, long
     return ((u + 1) * ranges - 1) / units;
 }
 
+// A work unit of the stream-K wgmma kernels (kbit_wgmma.cu, awq_wgmma.cu): row tile t (of
+// features), x row tile mt, stage st; units are numbered stage-fastest, then x row tiles, then row
+// tiles, so a range of units walks whole row tiles in K order.
+struct SkUnit {
+    int t, mt, st;
+    __device__ __forceinline__ static SkUnit at(int u, int nst, int m_tiles) {
+        const int q = u / nst;
+        SkUnit n;
+        n.st = u - q * nst;
+        n.t = q / m_tiles;
+        n.mt = q - n.t * m_tiles;
+        return n;
+    }
+    __device__ __forceinline__ void next(int nst, int m_tiles) {
+        if (++st != nst) return;
+        st = 0;
+        if (++mt == m_tiles) {
+            mt = 0;
+            ++t;
+        }
+    }
+};
+
 // y-row sums: add 4 floats into the tile accumulator in L2 without waiting for the result.
 __device__ __forceinline__ void red_add4(float* dst, float a, float b, float c, float d) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
