@@ -49,7 +49,7 @@ def bench_shape(name: str, in_f: int, out_f: int, ms: list[int], bw: float, cap:
         x = torch.randn(m, in_f, device="cuda", dtype=dt)
         r: dict = {"shape": name, "in": in_f, "out": out_f, "M": m}
         sk = m <= awq_ops.SK_MAX_M and awq_ops.gemv_sk_units(in_f, out_f) >= awq_ops.SK_WARPS
-        wg = ["wgmma"] if m >= 5 and wgmma_ok(x.device, 4) else []
+        wg = ["wgmma"] if wgmma_ok(x.device, 4) else []
         for path in (["gemv_sk"] if sk else []) + (["gemv_warp"] if m <= 8 else []) + ["mma", *wg, "dequant"]:
             try:
                 r[path] = time_graph([
@@ -90,6 +90,7 @@ def main() -> None:
     ap.add_argument("--json", default="bench_awq.json")
     ap.add_argument("--quick", action="store_true", help="fewer weight copies")
     ap.add_argument("--ms", default=None)
+    ap.add_argument("--shapes", default=None, help="comma-separated shape names (default all)")
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"),
                     help="activation dtype (cuBLAS runs in the same dtype)")
     args = ap.parse_args()
@@ -99,6 +100,8 @@ def main() -> None:
     rows: list[dict] = []
     t0 = time.time()
     for name, in_f, out_f in SEED_DENSE + LLAMA:
+        if args.shapes and name not in args.shapes.split(","):
+            continue
         rows += bench_shape(name, in_f, out_f, ms, bw, 64 if args.quick else 400, dt)
         print(f"# {name} done at {time.time() - t0:.0f}s", flush=True)
     print_tables(rows, "fp16" if dt == torch.float16 else "bf16")

@@ -115,8 +115,7 @@ def bench_shape(name: str, in_f: int, out_f: int, ks: list[int], ms: list[int], 
             r = {"shape": name, "in": in_f, "out": out_f, "k": k, "M": m}
             small = m <= dispatch.GEMV_MAX_M
             paths = (["gemv_sk", "gemv_cluster"] if small and k <= 4 else ["gemv_cluster"] if small else []) + [
-                "mma"] + (MMA_VARIANT_PATHS if mma_variants else []) + (
-                ["wgmma"] if m >= 5 else []) + (["dequant"] if m >= 8 else [])
+                "mma"] + (MMA_VARIANT_PATHS if mma_variants else []) + ["wgmma"] + (["dequant"] if m >= 8 else [])
             for path in paths:
                 if not cuda_ops.path_ok(x.device, path, k, m):  # a variant or wgmma not built for k / M here
                     continue

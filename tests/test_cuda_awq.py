@@ -230,7 +230,7 @@ def test_gemv_sk_nonfinite_rows(dtype: torch.dtype, m: int, in_f: int, out_f: in
 # 256-output row tile (264, 1000); one row tile split over many CTAs (14336 x 256); many row
 # tiles (4096 x 4096).
 WG_SHAPES = ((320, 264), (2720, 1000), (14336, 256), (4096, 4096))
-WG_M = (1, 5, 17, 63, 64, 65, 100, 128, 200)
+WG_M = (1, 5, 16, 17, 24, 32, 33, 63, 64, 65, 100, 128, 200)  # row tiles of 16 / 32 / 64 rows
 
 
 def _wgmma_ok() -> bool:
@@ -243,7 +243,8 @@ def _wgmma_ok() -> bool:
 @pytest.mark.parametrize("gs", (32, 64, 128))
 @pytest.mark.parametrize("in_f,out_f", WG_SHAPES)
 def test_wgmma_matches_reference(dtype: torch.dtype, gs: int, in_f: int, out_f: int) -> None:
-    """The wgmma path against float64 over M = 1..200 (partial 64-row tiles, several row tiles), with
+    """The wgmma path against float64 over M = 1..200 (full and partial row tiles of 16, 32 and 64
+    rows, several row tiles), with
     and without bias, on outputs poisoned with NaN first."""
     if not _wgmma_ok():
         pytest.skip("the wgmma kernel needs compute capability 9.0 and an sm_90a library")
@@ -258,16 +259,16 @@ def test_wgmma_matches_reference(dtype: torch.dtype, gs: int, in_f: int, out_f: 
         _check(awq_ops.linear_path(x, wq, sz, b, gs, out_f, "wgmma"), x, w64, b, dtype, f"wgmma M={m} gs={gs}")
 
 
-def test_wgmma_op_dispatch_and_graph_replay(monkeypatch) -> None:
+@pytest.mark.parametrize("m", (5, 24, 63))
+def test_wgmma_op_dispatch_and_graph_replay(monkeypatch, m: int) -> None:
     """Where awq_ops.WGMMA_RULES say so the op runs the wgmma kernel (same bits as the forced path up
-    to float-atomic order), CUDA-graph replays are right every time (scratch left zeroed) and read
-    new x; deterministic mode runs the mma.sync kernel instead."""
+    to float-atomic order; row tiles of 16, 32, 64 rows), CUDA-graph replays are right every time
+    (scratch left zeroed) and read new x; deterministic mode runs the mma.sync kernel instead."""
     if not _wgmma_ok():
         pytest.skip("the wgmma kernel needs compute capability 9.0 and an sm_90a library")
     monkeypatch.setenv("KBIT_VLLM_DETERMINISTIC", "0")
     dtype, in_f, out_f = torch.float16, 4096, 3584  # 14.7 M weights
     wq, sz, w64 = _awq_layer(out_f, in_f, 128, dtype)
-    m = 63
     assert awq_ops.choose_path(m, (9, 0), True, in_f * out_f) == "wgmma"
     x = torch.randn(m, in_f, device="cuda", dtype=dtype)
     bias = torch.randn(out_f, device="cuda", dtype=dtype)

@@ -306,7 +306,7 @@ def test_graph_replay_equals_eager(m, dtype, deterministic, monkeypatch):
     assert same(y, ops.kbit_linear(x, pt, at, cb, bias, k, out_f))
 
 
-@pytest.mark.parametrize("m", (5, 64, 100))
+@pytest.mark.parametrize("m", (5, 24, 64, 100))
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_wgmma_graph_replay(m, dtype):
     """The Hopper wgmma path (forced; sm_90a) inside a CUDA graph: every replay is right and sees

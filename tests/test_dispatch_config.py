@@ -54,7 +54,7 @@ def test_kbit_gemv_rows_by_bits() -> None:
 
 
 def test_kbit_wgmma_rows() -> None:
-    """H200: the wgmma kernel takes WGMMA_ROWS (M = 33..192) on layers above MMA_SMALL_LAYER where it can run
+    """H200: the wgmma kernel takes WGMMA_ROWS (M = 17..192) on layers above MMA_SMALL_LAYER where it can run
     (ops.wgmma_ok, not deterministic mode); elsewhere the MMA / dequantize + cuBLAS rules stand."""
     big, small = 4096 * 28672, 2048 * 2048
     first, last = dispatch.WGMMA_ROWS[(9, 0)]
@@ -65,7 +65,7 @@ def test_kbit_wgmma_rows() -> None:
     assert dispatch.choose_path(first, (9, 0), big, 4, wgmma=False) == "mma"
     assert dispatch.choose_path(last, (9, 0), big, 4, wgmma=False) == "dequant"
     assert dispatch.choose_path(first, (9, 0), big, 5, wgmma=True) == "mma"  # k = 5: no wgmma kernel
-    assert dispatch.choose_path(first, (9, 0), small, 4, wgmma=True) == "dequant"
+    assert dispatch.choose_path(first, (9, 0), small, 4, wgmma=True) in ("mma", "dequant")
     assert dispatch.choose_path(first, (8, 0), big, 4, wgmma=True) != "wgmma"
 
 
@@ -80,11 +80,24 @@ def test_awq_wgmma_rules() -> None:
         assert awq_ops.choose_path(first, (9, 0), True, w) == "wgmma"
         assert awq_ops.choose_path(last, (9, 0), True, w) == "wgmma"
         assert awq_ops.choose_path(first - 1, (9, 0), True, w) in ("gemv", "mma")
-        assert awq_ops.choose_path(last + 1, (9, 0), True, w) == "dequant"
+        assert awq_ops.choose_path(last + 1, (9, 0), True, w) in ("mma", "dequant")
         assert awq_ops.choose_path(first, (9, 0), False, w) != "wgmma"
         assert awq_ops.choose_path(first, (8, 0), True, w) != "wgmma"
     smallest = min(r[0] for r in rules)
     assert all(awq_ops.choose_path(m, (9, 0), True, smallest) != "wgmma" for m in range(1, 1025))
-    assert awq_ops.choose_path(4, (9, 0), True, 4096 * 28672) == "gemv"
-    assert awq_ops.choose_path(64, (9, 0), True, 4096 * 28672) == "wgmma"  # Llama-3-8B gate/up
-    assert awq_ops.choose_path(16, (9, 0), True, 4096 * 4096) == "mma"     # o_proj at batch 16
+    assert all(awq_ops.choose_path(1, (9, 0), True, w) == "gemv" for w in (1 << 20, 4096 * 28672))
+    assert awq_ops.choose_path(4, (9, 0), True, 4096 * 28672) == "wgmma"   # Llama-3-8B gate/up, batch 4
+    assert awq_ops.choose_path(4, (9, 0), False, 4096 * 28672) == "gemv"
+    assert awq_ops.choose_path(64, (9, 0), True, 4096 * 28672) == "wgmma"
+    assert awq_ops.choose_path(16, (9, 0), True, 4096 * 4096) == "wgmma"   # o_proj at batch 16
+    assert awq_ops.choose_path(16, (9, 0), False, 4096 * 4096) == "mma"
+
+
+def test_wgmma_tile_rows() -> None:
+    """Both wgmma kernels run the smallest built row tile (wgmma N) that holds M, 64 past it (more
+    row tiles), so a decode batch of 16 does not run n64 wgmmas over 48 rows of zeros."""
+    from kbit_vllm.backends.cuda import ops
+
+    assert ops.WGMMA_ROW_TILES == (16, 32, 64)
+    expect = {1: 16, 2: 16, 16: 16, 17: 32, 32: 32, 33: 64, 64: 64, 65: 64, 1000: 64}
+    assert {m: ops.wgmma_tile_rows(m) for m in expect} == expect

@@ -38,9 +38,9 @@ int mma_ctas_per_sm(int k, int mb, int tw, int variant);
 int mma_stage_blocks(int variant);
 template <typename T>
 int launch_wgmma(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int k, int M,
-                 int N, int nb, void* y, int ctas, float* ws, int* counters, cudaStream_t s);
+                 int N, int nb, void* y, int rows, int ctas, float* ws, int* counters, cudaStream_t s);
 template <typename T>
-int wgmma_ctas_per_sm(int k);
+int wgmma_ctas_per_sm(int k, int rows);
 }
 
 namespace kbit {
@@ -150,12 +150,12 @@ KBIT_DEQUANT_API(fp32, float)
         return kbit::mma_ctas_per_sm<T>(k, mb, tw, variant);                                              \
     }                                                                                                     \
     int kbit_vllm_wgmma_##SUFFIX(const void* x, const void* pt, const uint8_t* at, const float* cb,       \
-                                 const void* bias, int k, int M, int N, int nb, void* y, int ctas,        \
-                                 float* ws, int* counters, void* stream) {                                \
-        return kbit::launch_wgmma<T>(x, pt, at, cb, bias, k, M, N, nb, y, ctas, ws, counters,             \
+                                 const void* bias, int k, int M, int N, int nb, void* y, int rows,        \
+                                 int ctas, float* ws, int* counters, void* stream) {                      \
+        return kbit::launch_wgmma<T>(x, pt, at, cb, bias, k, M, N, nb, y, rows, ctas, ws, counters,       \
                                      static_cast<cudaStream_t>(stream));                                  \
     }                                                                                                     \
-    int kbit_vllm_wgmma_ctas_per_sm_##SUFFIX(int k) { return kbit::wgmma_ctas_per_sm<T>(k); }
+    int kbit_vllm_wgmma_ctas_per_sm_##SUFFIX(int k, int rows) { return kbit::wgmma_ctas_per_sm<T>(k, rows); }
 KBIT_LINEAR_API(fp16, half)
 KBIT_LINEAR_API(bf16, __nv_bfloat16)
 

@@ -18,15 +18,18 @@
 //   subtract and one fused multiply-add away.
 // * A stage is 64 inputs (two k32 segments, each inside one quantization group as groups are 32,
 //   64 or 128). All loads are TMA boxes that one thread issues and a per-slot mbarrier counts:
-//   x (64 rows x 64 inputs, 128-byte swizzle: the canonical K-major wgmma B layout), the weight
+//   x (R rows x 64 inputs, 128-byte swizzle: the canonical K-major wgmma B layout), the weight
 //   words of each segment (32 column groups x 32 words, 128-byte swizzle, so the 4 column groups a
 //   warp reads per load hit different banks) and each segment's scale / offset pairs (256
-//   outputs). Boxes past `in`, `out`, M or the last group read as zeros. 18 KB a slot, 5 slots
-//   (2 CTAs per SM). Stages are loaded 3 ahead of the one decoded: a slot is refilled only after
+//   outputs). Boxes past `in`, `out`, M or the last group read as zeros. 18 KB a slot at R = 64
+//   (5 slots), 12 KB at R = 16 (6 slots); 2 CTAs per SM. Stages are loaded 3 ahead of the one decoded: a slot is refilled only after
 //   every warp waited for its wgmmas (2 stages back) and decoded it (1 stage back), with a block
 //   barrier between. (With cp.async from every thread the loads alone took ~90% of the kernel's
 //   time: H200 session 9, RESULTS.md; TMA cut 4096x28672 at M=64 from 56 to 45 us.)
-// * Stream-K over one wave, unit = (row tile, stage), row tile = (256 outputs, 64 x rows); partial
+// * Row tiles of R = 16, 32 or 64 x rows (the wgmma N; the host picks the smallest that holds M:
+//   at M <= 16 an n64 wgmma would spend 3/4 of its tensor work on zero rows, and the M = 16 kernel
+//   ran as slow as M = 64, RESULTS.md session 10).
+// * Stream-K over one wave, unit = (row tile, stage), row tile = (256 outputs, R x rows); partial
 //   row tiles reduce into a zeroed fp32 accumulator with a per-tile counter, as kbit_wgmma.cu.
 //   No deterministic mode (backends/cuda/awq_ops.py picks the mma.sync kernel there).
 #include "awq_common.cuh"
@@ -47,21 +50,27 @@ using kbit::sk_start;
 using kbit::SkUnit;
 
 constexpr int kAwThreads = 256;                   // 2 warpgroups
-constexpr int kAwRows = 64;                       // x rows per row tile (the wgmma N)
 constexpr int kAwCols = 256;                      // outputs per row tile (128 per warpgroup)
 constexpr int kAwBK = 64;                         // inputs per stage (two k32 segments)
 constexpr int kAwGroups = kAwCols / 8;            // column groups per row tile
-constexpr int kAwXBytes = kAwRows * kAwBK * 2;    // x rows of a stage (128-byte swizzled)
 constexpr int kAwWSeg = kAwGroups * 32 * 4;       // weight words of a segment: [32 column groups][128 bytes, swizzled]
 constexpr int kAwSSeg = kAwCols * 4;              // scale / offset pairs of a segment
-constexpr int kAwSlotBytes = kAwXBytes + 2 * kAwWSeg + 2 * kAwSSeg;  // x, weights, scales: 18 KB
-constexpr int kAwSlots = 5;
-[[maybe_unused]] constexpr int kAwAhead = kAwSlots - 2;  // stages loaded ahead: the wgmmas read x until 2 stages later
-constexpr int kAwBarOff = kAwSlots * kAwSlotBytes;  // one mbarrier per slot: its stage has landed
-constexpr int kAwBytes = 1024 + kAwBarOff + kAwSlots * 8;  // + alignment of the slots to 1024 bytes
-[[maybe_unused]] constexpr int kAwTileFloats = kAwRows * kAwCols;
-static_assert(kAwXBytes % 1024 == 0 && kAwWSeg % 1024 == 0 && kAwSlotBytes % 1024 == 0,
-              "swizzled TMA boxes start on 1024-byte boundaries");
+
+// Shared memory of the kernel with R x rows per row tile (the wgmma N: 16, 32 or 64; the host
+// picks the smallest that holds M, so a decode batch of 16 runs n16 wgmmas, not n64 on zero rows).
+// Smaller R leaves room for more slots (stages in flight) at 2 CTAs per SM.
+template <int R>
+struct AwCfg {
+    static constexpr int kXBytes = R * kAwBK * 2;                          // x rows of a stage (128-byte swizzled)
+    static constexpr int kSlotBytes = kXBytes + 2 * kAwWSeg + 2 * kAwSSeg;  // x, weights, scales: 18 KB at R = 64
+    static constexpr int kSlots = R == 64 ? 5 : 6;
+    static constexpr int kAhead = kSlots - 2;  // stages loaded ahead: the wgmmas read x until 2 stages later
+    static constexpr int kBarOff = kSlots * kSlotBytes;  // one mbarrier per slot: its stage has landed
+    static constexpr int kBytes = 1024 + kBarOff + kSlots * 8;  // + alignment of the slots to 1024 bytes
+    static constexpr int kTileFloats = R * kAwCols;
+    static_assert(kXBytes % 1024 == 0 && kAwWSeg % 1024 == 0 && kSlotBytes % 1024 == 0,
+                  "swizzled TMA boxes start on 1024-byte boundaries");
+};
 
 // Both halves set to the low (H = 0) or high (H = 1) half of v; ptxas folds it into the consumer's
 // operand selector (HFMA2 ... R.H0_H0) instead of a byte permute.
@@ -88,12 +97,15 @@ __device__ __forceinline__ uint32_t a_pair(uint32_t v, uint32_t sp, uint32_t bp)
     return *reinterpret_cast<const uint32_t*>(&w);
 }
 
-template <typename T>
+template <typename T, int R>
 __global__ void __launch_bounds__(kAwThreads, 2)
     awq_wgmma_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_w,
                      const __grid_constant__ CUtensorMap tm_s, const T* __restrict__ bias, T* __restrict__ y, int M,
                      int in, int out, int group, float* __restrict__ ws, int* __restrict__ counters) {
 #if defined(KBIT_WGMMA)
+    using C = AwCfg<R>;
+    constexpr int kAwRows = R, kAwXBytes = C::kXBytes, kAwSlotBytes = C::kSlotBytes, kAwSlots = C::kSlots;
+    constexpr int kAwAhead = C::kAhead, kJ = R / 8;  // kJ: 8-row accumulator groups
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane & 3, r8 = lane >> 2;
@@ -109,9 +121,9 @@ __global__ void __launch_bounds__(kAwThreads, 2)
     const uint32_t raw_s = ptx::smem_u32(smem_raw);
     const uint32_t smem_s = (raw_s + 1023u) & ~1023u;
     const unsigned char* smem_aw = smem_raw + (smem_s - raw_s);
-    const uint32_t bars = smem_s + kAwBarOff;
+    const uint32_t bars = smem_s + C::kBarOff;
 
-    // Stage loads: thread 0 issues 5 TMA boxes per stage (x: 64 rows x 64 inputs; weights: 32
+    // Stage loads: thread 0 issues 5 TMA boxes per stage (x: R rows x 64 inputs; weights: 32
     // column groups x 32 words per segment; scale pairs: 256 outputs of each segment's group) into
     // a slot, all counted on the slot's mbarrier. Boxes past `in`, `out`, M or the last group
     // read as zeros, so a half stage (in % 64 == 32) has zero scales and x in its second segment.
@@ -159,13 +171,13 @@ __global__ void __launch_bounds__(kAwThreads, 2)
     // f..f+3 (bytes h and 2 + h of each word, h = which half of the column group).
     const uint32_t hb = static_cast<uint32_t>(r8 & 1);
     const uint32_t sel = hb | ((2u + hb) << 4) | ((4u + hb) << 8) | ((6u + hb) << 12);
-    float acc[2][32];    // [m64 tile][fragment]
+    float acc[2][R / 2];  // [m64 tile][fragment]
     uint32_t a[2][2][4];  // A fragments: [k16 half parity][m64 tile][register]
     auto fence_acc = [&]() {
 #pragma unroll
         for (int i = 0; i < 2; ++i)
 #pragma unroll
-            for (int r = 0; r < 32; ++r) ptx::reg_fence(acc[i][r]);
+            for (int r = 0; r < R / 2; ++r) ptx::reg_fence(acc[i][r]);
     };
 
     int q = u0 / nst;  // row tile of the current segment
@@ -176,7 +188,7 @@ __global__ void __launch_bounds__(kAwThreads, 2)
 #pragma unroll
         for (int i = 0; i < 2; ++i)
 #pragma unroll
-            for (int r = 0; r < 32; ++r) acc[i][r] = 0.f;
+            for (int r = 0; r < R / 2; ++r) acc[i][r] = 0.f;
         for (; u < seg_end; ++u, ++it) {
             const int slot = it % kAwSlots;
             ptx::mbar_wait(bars + slot * 8, static_cast<uint32_t>(it / kAwSlots) & 1u);  // stage it landed
@@ -224,7 +236,7 @@ __global__ void __launch_bounds__(kAwThreads, 2)
                     ptx::wgmma_fence();
                     const uint64_t desc = desc0 + static_cast<uint64_t>(kk * 2);  // 32 bytes a k16 step
 #pragma unroll
-                    for (int i = 0; i < 2; ++i) ptx::wgmma_m64n64k16<T>(acc[i], a[kk & 1][i], desc, 1);
+                    for (int i = 0; i < 2; ++i) ptx::wgmma_m64k16<T, R>(acc[i], a[kk & 1][i], desc, 1);
                     ptx::wgmma_commit();
                     fence_acc();
                 }
@@ -242,20 +254,20 @@ __global__ void __launch_bounds__(kAwThreads, 2)
         if (!(seg_from_start && st_last == nst - 1)) {
             const long long first = static_cast<long long>(q) * nst, lastu = first + nst - 1;
             const long long wf = sk_owner(first, units, ctas), wl = sk_owner(lastu, units, ctas);
-            float* mine = ws + static_cast<size_t>(q) * kAwTileFloats + (warp * 2 * 8 * 32 + lane) * 4;
+            float* mine = ws + static_cast<size_t>(q) * C::kTileFloats + (warp * 2 * kJ * 32 + lane) * 4;
 #pragma unroll
             for (int i = 0; i < 2; ++i)
 #pragma unroll
-                for (int j = 0; j < 8; ++j)
-                    red_add4(mine + (i * 8 + j) * 128, acc[i][4 * j], acc[i][4 * j + 1], acc[i][4 * j + 2],
+                for (int j = 0; j < kJ; ++j)
+                    red_add4(mine + (i * kJ + j) * 128, acc[i][4 * j], acc[i][4 * j + 1], acc[i][4 * j + 2],
                              acc[i][4 * j + 3]);
             write = sk_cta_arrive_last(counters + q, static_cast<int>(wl - wf));
             if (write) {
 #pragma unroll
                 for (int i = 0; i < 2; ++i)
 #pragma unroll
-                    for (int j = 0; j < 8; ++j) {
-                        float4* src = reinterpret_cast<float4*>(mine + (i * 8 + j) * 128);
+                    for (int j = 0; j < kJ; ++j) {
+                        float4* src = reinterpret_cast<float4*>(mine + (i * kJ + j) * 128);
                         const float4 v = __ldcg(src);
                         __stcg(src, make_float4(0.f, 0.f, 0.f, 0.f));
                         acc[i][4 * j] = v.x, acc[i][4 * j + 1] = v.y, acc[i][4 * j + 2] = v.z, acc[i][4 * j + 3] = v.w;
@@ -267,7 +279,7 @@ __global__ void __launch_bounds__(kAwThreads, 2)
 #pragma unroll
             for (int s = 0; s < 4; ++s) bv[s] = bias != nullptr ? to_f<T>(bias[f0 + s]) : 0.f;
 #pragma unroll
-            for (int j = 0; j < 8; ++j)
+            for (int j = 0; j < kJ; ++j)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int row = mt * kAwRows + 8 * j + 2 * g + h;
@@ -290,62 +302,85 @@ __global__ void __launch_bounds__(kAwThreads, 2)
 #endif
 }
 
-}  // namespace
-
-// Resident CTAs per SM, for sizing a one-wave grid; 0 on error or where !wgmma_device_ok().
-template <typename T>
-int wgmma_ctas_per_sm() {
-    const void* f = reinterpret_cast<const void*>(awq_wgmma_kernel<T>);
-    if (!ptx::wgmma_device_ok() ||
-        cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kAwBytes) != cudaSuccess)
-        return 0;
+template <typename T, int R>
+int ctas_per_sm_rows() {
+    const void* f = reinterpret_cast<const void*>(awq_wgmma_kernel<T, R>);
+    if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, AwCfg<R>::kBytes) != cudaSuccess) return 0;
     int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, kAwThreads, kAwBytes) != cudaSuccess) return 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, kAwThreads, AwCfg<R>::kBytes) != cudaSuccess) return 0;
     return n;
 }
-template int wgmma_ctas_per_sm<half>();
-template int wgmma_ctas_per_sm<__nv_bfloat16>();
 
-// ctas: grid size, 1..units where units = ceil(out / 256) * ceil(m / 64) * ceil(in / 64). ws: a
-// zeroed fp32 accumulator of ceil(out / 256) * ceil(m / 64) row tiles of 64 x 256 floats, counters
-// as many zeroed int32; both are left zero.
-template <typename T>
-int wgmma(const void* x, const int32_t* wq, const void* sz, const void* bias, void* y, int m, int in, int out,
-          int group, int ctas, float* ws, int* counters, cudaStream_t stream) {
-    if (m == 0 || out == 0) return 0;
-    const long long units = static_cast<long long>((out + kAwCols - 1) / kAwCols) * ((m + kAwRows - 1) / kAwRows) *
-                            ((in + kAwBK - 1) / kAwBK);
-    if (m < 0 || in <= 0 || out < 0 || in % 32 || out % 8 || group < 32 || (group & (group - 1)) || in % group || ctas < 1 ||
-        ctas > units || units > (1LL << 30) || ws == nullptr || counters == nullptr || !ptx::wgmma_device_ok())
-        return static_cast<int>(cudaErrorInvalidValue);
-    // Tensor maps: x [m, in] in 64 x 64 boxes (128-byte swizzle, the wgmma B layout), wq [out/8, in]
-    // words in 32 x 32 boxes (128-byte swizzle, conflict-free lane reads), sz [in/group, out] as
-    // 32-bit (scale, offset) pair words in 256 x 1 boxes.
-    CUtensorMap tmx, tmw, tms;
-    const CUtensorMapDataType xdt =
-        std::is_same<T, half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-    if (!ptx::encode_2d(&tmx, xdt, x, in, m, static_cast<uint64_t>(in) * 2, kAwBK, kAwRows, CU_TENSOR_MAP_SWIZZLE_128B) ||
-        !ptx::encode_2d(&tmw, CU_TENSOR_MAP_DATA_TYPE_UINT32, wq, in, out / 8, static_cast<uint64_t>(in) * 4, 32, kAwGroups,
-                   CU_TENSOR_MAP_SWIZZLE_128B) ||
-        !ptx::encode_2d(&tms, CU_TENSOR_MAP_DATA_TYPE_UINT32, sz, out, in / group, static_cast<uint64_t>(out) * 4, kAwCols,
-                   1, CU_TENSOR_MAP_SWIZZLE_NONE))
-        return static_cast<int>(cudaErrorInvalidValue);
-    const void* f = reinterpret_cast<const void*>(awq_wgmma_kernel<T>);
-    const cudaError_t attr = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kAwBytes);
+template <typename T, int R>
+int launch_rows(const CUtensorMap& tmx, const CUtensorMap& tmw, const CUtensorMap& tms, const void* bias, void* y,
+                int m, int in, int out, int group, int ctas, float* ws, int* counters, cudaStream_t stream) {
+    const void* f = reinterpret_cast<const void*>(awq_wgmma_kernel<T, R>);
+    const cudaError_t attr = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, AwCfg<R>::kBytes);
     if (attr != cudaSuccess) return static_cast<int>(attr);
     const T* bt = static_cast<const T*>(bias);
     T* yt = static_cast<T*>(y);
-    void* args[] = {&tmx, &tmw, &tms, &bt, &yt, &m, &in, &out, &group, &ws, &counters};
+    CUtensorMap mx = tmx, mw = tmw, ms = tms;
+    void* args[] = {&mx, &mw, &ms, &bt, &yt, &m, &in, &out, &group, &ws, &counters};
     cudaLaunchAttribute attrs[1];
-    const cudaLaunchConfig_t cfg = kbit::pdl_config(dim3(ctas), dim3(kAwThreads), kAwBytes, stream, attrs);
+    const cudaLaunchConfig_t cfg = kbit::pdl_config(dim3(ctas), dim3(kAwThreads), AwCfg<R>::kBytes, stream, attrs);
     const cudaError_t e = cudaLaunchKernelExC(&cfg, f, args);
     if (e != cudaSuccess) return static_cast<int>(e);
     return static_cast<int>(cudaGetLastError());
 }
 
-template int wgmma<half>(const void*, const int32_t*, const void*, const void*, void*, int, int, int, int, int, float*,
-                         int*, cudaStream_t);
+}  // namespace
+
+// Resident CTAs per SM of the kernel with `rows` x rows per row tile (16, 32 or 64), for sizing a
+// one-wave grid; 0 on error, for other rows, or where !wgmma_device_ok().
+template <typename T>
+int wgmma_ctas_per_sm(int rows) {
+    if (!ptx::wgmma_device_ok()) return 0;
+    switch (rows) {
+        case 16: return ctas_per_sm_rows<T, 16>();
+        case 32: return ctas_per_sm_rows<T, 32>();
+        case 64: return ctas_per_sm_rows<T, 64>();
+        default: return 0;
+    }
+}
+template int wgmma_ctas_per_sm<half>(int);
+template int wgmma_ctas_per_sm<__nv_bfloat16>(int);
+
+// rows: x rows per row tile (16, 32 or 64; the wgmma N). ctas: grid size, 1..units where units =
+// ceil(out / 256) * ceil(m / rows) * ceil(in / 64). ws: a zeroed fp32 accumulator of
+// ceil(out / 256) * ceil(m / rows) row tiles of rows x 256 floats, counters as many zeroed int32;
+// both are left zero.
+template <typename T>
+int wgmma(const void* x, const int32_t* wq, const void* sz, const void* bias, void* y, int m, int in, int out,
+          int group, int rows, int ctas, float* ws, int* counters, cudaStream_t stream) {
+    if (m == 0 || out == 0) return 0;
+    if (rows != 16 && rows != 32 && rows != 64) return static_cast<int>(cudaErrorInvalidValue);
+    const long long units = static_cast<long long>((out + kAwCols - 1) / kAwCols) * ((m + rows - 1) / rows) *
+                            ((in + kAwBK - 1) / kAwBK);
+    if (m < 0 || in <= 0 || out < 0 || in % 32 || out % 8 || group < 32 || (group & (group - 1)) || in % group || ctas < 1 ||
+        ctas > units || units > (1LL << 30) || ws == nullptr || counters == nullptr || !ptx::wgmma_device_ok())
+        return static_cast<int>(cudaErrorInvalidValue);
+    // Tensor maps: x [m, in] in 64-input x rows boxes (128-byte swizzle, the wgmma B layout), wq
+    // [out/8, in] words in 32 x 32 boxes (128-byte swizzle, conflict-free lane reads), sz [in/group,
+    // out] as 32-bit (scale, offset) pair words in 256 x 1 boxes.
+    CUtensorMap tmx, tmw, tms;
+    const CUtensorMapDataType xdt =
+        std::is_same<T, half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    if (!ptx::encode_2d(&tmx, xdt, x, in, m, static_cast<uint64_t>(in) * 2, kAwBK, rows, CU_TENSOR_MAP_SWIZZLE_128B) ||
+        !ptx::encode_2d(&tmw, CU_TENSOR_MAP_DATA_TYPE_UINT32, wq, in, out / 8, static_cast<uint64_t>(in) * 4, 32, kAwGroups,
+                   CU_TENSOR_MAP_SWIZZLE_128B) ||
+        !ptx::encode_2d(&tms, CU_TENSOR_MAP_DATA_TYPE_UINT32, sz, out, in / group, static_cast<uint64_t>(out) * 4, kAwCols,
+                   1, CU_TENSOR_MAP_SWIZZLE_NONE))
+        return static_cast<int>(cudaErrorInvalidValue);
+    switch (rows) {
+        case 16: return launch_rows<T, 16>(tmx, tmw, tms, bias, y, m, in, out, group, ctas, ws, counters, stream);
+        case 32: return launch_rows<T, 32>(tmx, tmw, tms, bias, y, m, in, out, group, ctas, ws, counters, stream);
+        default: return launch_rows<T, 64>(tmx, tmw, tms, bias, y, m, in, out, group, ctas, ws, counters, stream);
+    }
+}
+
+template int wgmma<half>(const void*, const int32_t*, const void*, const void*, void*, int, int, int, int, int, int,
+                         float*, int*, cudaStream_t);
 template int wgmma<__nv_bfloat16>(const void*, const int32_t*, const void*, const void*, void*, int, int, int, int,
-                                  int, float*, int*, cudaStream_t);
+                                  int, int, float*, int*, cudaStream_t);
 
 }  // namespace awq

@@ -15,17 +15,19 @@
 //   words and absmax bytes are 4 adjacent ones (one 16-byte and one 4-byte shared load) and its
 //   accumulators hold 4 adjacent features per x row (one 8-byte store). (16 features per warp, one
 //   m64 tile, ran ~1.5x the instructions per weight: RESULTS.md, session 8.)
+// * Row tiles of R = 16, 32 or 64 x rows (the wgmma N; the host picks the smallest that holds M,
+//   so small M does not pay n64 tensor work on zero rows).
 // * Stream-K over one wave, unit = (row tile, stage of 2 quantization blocks), row tile = (256
-//   features, 64 x rows), row tiles feature-major; partial row tiles as in kbit_mma.cu: fp32
+//   features, R x rows), row tiles feature-major; partial row tiles as in kbit_mma.cu: fp32
 //   vector reductions into a zeroed accumulator, a per-tile counter, the last CTA writes y and
 //   leaves both zero. (No deterministic mode: backends/cuda picks kbit_mma.cu there.)
 // * Loads are asynchronous copies that thread 0 issues and a per-slot mbarrier counts in bytes: a
 //   bulk copy of each layout tile's plane words and of its absmax bytes (a stage's blocks are
-//   contiguous in the tiled layout) and a TMA box of the stage's x rows (64 rows x 64 inputs,
+//   contiguous in the tiled layout) and a TMA box of the stage's x rows (R rows x 64 inputs,
 //   128-byte swizzle, read by the wgmmas through a swizzled K-major descriptor; rows past M and
 //   inputs past the layer read as zeros). The pair table is the compact one (one 128-byte row of
 //   32 lane copies per pair code, 32 KB); with it, 4 slots of x + weights + absmax take 102 KB at
-//   k=4: 2 CTAs per SM (128 registers). (cp.async from every thread, with x in a 64 KB table's
+//   k=4 and R = 64 (6 slots at R <= 32): 2 CTAs per SM (128 registers at R = 64). (cp.async from every thread, with x in a 64 KB table's
 //   spare halves, was the limiter: RESULTS.md, session 9.)
 // * Stages are loaded 2 ahead of the one decoded: a slot is refilled only after every warp
 //   decoded it and waited for its wgmmas (a block barrier sits between). Each k16 half's 2 wgmmas
@@ -42,36 +44,40 @@ namespace kbit {
 namespace {
 
 constexpr int kWgThreads = 256;        // 2 warpgroups
-constexpr int kWgRows = 64;            // x rows per row tile (the wgmma N)
 constexpr int kWgBK = 2;               // quantization blocks per stage
 constexpr int kWgTW = 2;               // layout tiles per row tile (one per warpgroup)
 constexpr int kWgCols = kTileN * kWgTW;  // features per row tile
-constexpr int kWgSlots = 4;            // stage slots (x, weights, absmax)
-[[maybe_unused]] constexpr int kWgAhead = kWgSlots - 2;  // stages loaded ahead: the wgmmas read x until 2 stages later
-[[maybe_unused]] constexpr int kWgTileFloats = kWgRows * kWgCols;
 constexpr int kWgLutWords = 256 * 32;  // compact pair table: one 128-byte row per pair code
-constexpr int kWgXBytes = kWgRows * kWgBK * 32 * 2;  // x rows of a stage (128-byte swizzled)
 
-template <int K>
+// Shared memory of the kernel for k = K with R x rows per row tile (the wgmma N: 16, 32 or 64; the
+// host picks the smallest that holds M, so a decode batch of 16 runs n16 wgmmas, not n64 on zero
+// rows). Smaller R leaves room for more slots (stages in flight) at 2 CTAs per SM.
+template <int K, int R>
 struct WgCfg {
+    static constexpr int kXBytes = R * kWgBK * 32 * 2;               // x rows of a stage (128-byte swizzled)
+    static constexpr int kSlots = R == 64 ? 4 : 6;                   // stage slots (x, weights, absmax)
+    static constexpr int kAhead = kSlots - 2;  // stages loaded ahead: the wgmmas read x until 2 stages later
+    static constexpr int kTileFloats = R * kWgCols;
     static constexpr int kLutBytes = kWgLutWords * 4 + 256 * 4;   // pair table + scale table
     static constexpr int kTileWords = kWgBK * K * kTileN;          // plane words of one layout tile per stage
     static constexpr int kBWords = kWgTW * kTileWords;             // [tile][block][plane][128]
     static constexpr int kAbsBytes = kWgTW * kWgBK * kTileN;       // [tile][block][128]
-    static constexpr int kSlotBytes = (kWgXBytes + kBWords * 4 + kAbsBytes + 1023) / 1024 * 1024;
+    static constexpr int kSlotBytes = (kXBytes + kBWords * 4 + kAbsBytes + 1023) / 1024 * 1024;
     static constexpr int kSlotsOff = (kLutBytes + 1023) / 1024 * 1024;
-    static constexpr int kBarOff = kSlotsOff + kWgSlots * kSlotBytes;  // one mbarrier per slot
-    static constexpr int kBytes = 1024 + kBarOff + kWgSlots * 8;      // + alignment to 1024 bytes
+    static constexpr int kBarOff = kSlotsOff + kSlots * kSlotBytes;  // one mbarrier per slot
+    static constexpr int kBytes = 1024 + kBarOff + kSlots * 8;      // + alignment to 1024 bytes
 };
 
-template <typename T, int K>
+template <typename T, int K, int R>
 __global__ void __launch_bounds__(kWgThreads, 2)
     wgmma_sk_kernel(const __grid_constant__ CUtensorMap tm_x, const uint32_t* __restrict__ packed_t,
                     const uint8_t* __restrict__ absmax_t, const float* __restrict__ codebook,
                     const T* __restrict__ bias, T* __restrict__ y, int M, int N, int nb, float* __restrict__ ws,
                     int* __restrict__ counters) {
 #if defined(KBIT_WGMMA)
-    using S = WgCfg<K>;
+    using S = WgCfg<K, R>;
+    constexpr int kWgRows = R, kWgXBytes = S::kXBytes, kWgSlots = S::kSlots, kWgAhead = S::kAhead;
+    constexpr int kJ = R / 8;  // 8-row accumulator groups
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane & 3, r8 = lane >> 2;
@@ -93,7 +99,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
 
     // Stage loads, issued by thread 0 and counted in bytes on the slot's mbarrier: one bulk copy of
     // each layout tile's plane words (the stage's blocks are contiguous in the tiled layout) and one
-    // of its absmax bytes, and a TMA box of the x rows (64 rows x 64 inputs, 128-byte swizzle: the
+    // of its absmax bytes, and a TMA box of the x rows (R rows x 64 inputs, 128-byte swizzle: the
     // canonical K-major wgmma B layout; rows past M and inputs past nb * 32 read as zeros). A
     // layout tile past N or a block past nb is not copied: its stale weights are finite and meet
     // zero x, or feed outputs that are never stored. (With cp.async from every thread the loads
@@ -145,7 +151,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     const char* tblc = reinterpret_cast<const char*>(tbl);
     const int tw = warp >> 2;                    // this warpgroup's layout tile in the row tile
     const int c0 = 32 * (warp & 3) + 4 * r8;     // this lane's first feature in that layout tile
-    float acc[2][32];                            // [m64 tile][fragment]
+    float acc[2][R / 2];                         // [m64 tile][fragment]
     uint32_t a[2][2][4];                         // A fragments: [k16 half][m64 tile][register]
     // This lane's plane words (features c0..c0 + 3) and absmax bytes of block blk of weight slot
     // wslot; the next block's are read once this block's group words are formed, so their loads
@@ -161,7 +167,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
 #pragma unroll
         for (int i = 0; i < 2; ++i)
 #pragma unroll
-            for (int r = 0; r < 32; ++r) ptx::reg_fence(acc[i][r]);
+            for (int r = 0; r < R / 2; ++r) ptx::reg_fence(acc[i][r]);
     };
 
     int q = u0 / nst;  // row tile of the current segment
@@ -172,7 +178,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
 #pragma unroll
         for (int i = 0; i < 2; ++i)
 #pragma unroll
-            for (int r = 0; r < 32; ++r) acc[i][r] = 0.f;
+            for (int r = 0; r < R / 2; ++r) acc[i][r] = 0.f;
         for (; u < seg_end; ++u, ++it) {
             const int slot = it % kWgSlots, wslot = slot;
             ptx::mbar_wait(bars + slot * 8, static_cast<uint32_t>(it / kWgSlots) & 1u);  // stage it landed
@@ -221,7 +227,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
                     ptx::wgmma_fence();
                     const uint64_t desc = desc0 + static_cast<uint64_t>((blk * 2 + kk) * 2);  // 32 bytes a k16 step
 #pragma unroll
-                    for (int i = 0; i < 2; ++i) ptx::wgmma_m64n64k16<T>(acc[i], a[kk][i], desc, 1);
+                    for (int i = 0; i < 2; ++i) ptx::wgmma_m64k16<T, R>(acc[i], a[kk][i], desc, 1);
                     ptx::wgmma_commit();
                     fence_acc();
                 }
@@ -239,20 +245,20 @@ __global__ void __launch_bounds__(kWgThreads, 2)
         if (!(seg_from_start && st_last == nst - 1)) {
             const long long first = static_cast<long long>(q) * nst, lastu = first + nst - 1;
             const long long wf = sk_owner(first, units, ctas), wl = sk_owner(lastu, units, ctas);
-            float* mine = ws + static_cast<size_t>(q) * kWgTileFloats + (warp * 2 * 8 * 32 + lane) * 4;
+            float* mine = ws + static_cast<size_t>(q) * S::kTileFloats + (warp * 2 * kJ * 32 + lane) * 4;
 #pragma unroll
             for (int i = 0; i < 2; ++i)
 #pragma unroll
-                for (int j = 0; j < 8; ++j)
-                    red_add4(mine + (i * 8 + j) * 128, acc[i][4 * j], acc[i][4 * j + 1], acc[i][4 * j + 2],
+                for (int j = 0; j < kJ; ++j)
+                    red_add4(mine + (i * kJ + j) * 128, acc[i][4 * j], acc[i][4 * j + 1], acc[i][4 * j + 2],
                              acc[i][4 * j + 3]);
             write = sk_cta_arrive_last(counters + q, static_cast<int>(wl - wf));
             if (write) {
 #pragma unroll
                 for (int i = 0; i < 2; ++i)
 #pragma unroll
-                    for (int j = 0; j < 8; ++j) {
-                        float4* src = reinterpret_cast<float4*>(mine + (i * 8 + j) * 128);
+                    for (int j = 0; j < kJ; ++j) {
+                        float4* src = reinterpret_cast<float4*>(mine + (i * kJ + j) * 128);
                         const float4 v = __ldcg(src);
                         __stcg(src, make_float4(0.f, 0.f, 0.f, 0.f));
                         acc[i][4 * j] = v.x, acc[i][4 * j + 1] = v.y, acc[i][4 * j + 2] = v.z, acc[i][4 * j + 3] = v.w;
@@ -265,7 +271,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
             for (int s = 0; s < 4; ++s) bv[s] = (bias != nullptr && f0 + s < N) ? to_float(bias[f0 + s]) : 0.f;
             const bool vec = N % 4 == 0;  // f0 is a multiple of 4: all four features in range
 #pragma unroll
-            for (int j = 0; j < 8; ++j)
+            for (int j = 0; j < kJ; ++j)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int row = mt * kWgRows + 8 * j + 2 * g + h;
@@ -290,17 +296,29 @@ __global__ void __launch_bounds__(kWgThreads, 2)
 #endif
 }
 
-template <typename T, int K>
-const void* wgmma_kernel_ptr() {
-    return reinterpret_cast<const void*>(wgmma_sk_kernel<T, K>);
+template <typename T, int K, int R>
+const void* wgmma_kernel_ptr(int* smem) {
+    *smem = WgCfg<K, R>::kBytes;
+    return reinterpret_cast<const void*>(wgmma_sk_kernel<T, K, R>);
 }
 
+template <typename T, int K>
+const void* wgmma_pick_rows(int rows, int* smem) {
+    switch (rows) {
+        case 16: return wgmma_kernel_ptr<T, K, 16>(smem);
+        case 32: return wgmma_kernel_ptr<T, K, 32>(smem);
+        case 64: return wgmma_kernel_ptr<T, K, 64>(smem);
+        default: return nullptr;
+    }
+}
+
+// The kernel for k bits and `rows` x rows per row tile (16, 32 or 64); nullptr for others.
 template <typename T>
-const void* wgmma_pick(int k, int* smem) {
+const void* wgmma_pick(int k, int rows, int* smem) {
     switch (k) {
-        case 2: *smem = WgCfg<2>::kBytes; return wgmma_kernel_ptr<T, 2>();
-        case 3: *smem = WgCfg<3>::kBytes; return wgmma_kernel_ptr<T, 3>();
-        case 4: *smem = WgCfg<4>::kBytes; return wgmma_kernel_ptr<T, 4>();
+        case 2: return wgmma_pick_rows<T, 2>(rows, smem);
+        case 3: return wgmma_pick_rows<T, 3>(rows, smem);
+        case 4: return wgmma_pick_rows<T, 4>(rows, smem);
         default: return nullptr;
     }
 }
@@ -309,12 +327,13 @@ const void* wgmma_pick(int k, int* smem) {
 
 using ptx::wgmma_device_ok;
 
-// Resident CTAs per SM of the wgmma kernel for k bits, for sizing a one-wave grid; 0 on error, for
-// k outside 2..4, or where !wgmma_device_ok().
+// Resident CTAs per SM of the wgmma kernel for k bits and `rows` x rows per row tile, for sizing a
+// one-wave grid; 0 on error, for k outside 2..4 or rows other than 16, 32, 64, or where
+// !wgmma_device_ok().
 template <typename T>
-int wgmma_ctas_per_sm(int k) {
+int wgmma_ctas_per_sm(int k, int rows) {
     int smem = 0;
-    const void* f = wgmma_pick<T>(k, &smem);
+    const void* f = wgmma_pick<T>(k, rows, &smem);
     if (!wgmma_device_ok() || f == nullptr ||
         cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
         return 0;
@@ -322,29 +341,30 @@ int wgmma_ctas_per_sm(int k) {
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, kWgThreads, smem) != cudaSuccess) return 0;
     return n;
 }
-template int wgmma_ctas_per_sm<half>(int);
-template int wgmma_ctas_per_sm<__nv_bfloat16>(int);
+template int wgmma_ctas_per_sm<half>(int, int);
+template int wgmma_ctas_per_sm<__nv_bfloat16>(int, int);
 
-// ctas: grid size, 1..units where units = ceil(N / 256) * ceil(M / 64) * ceil(nb / 2). ws: a
-// zeroed fp32 accumulator of ceil(N / 256) * ceil(M / 64) row tiles of 64 x 256 floats, counters
-// as many zeroed int32; both are left zero.
+// rows: x rows per row tile (16, 32 or 64; the wgmma N). ctas: grid size, 1..units where units =
+// ceil(N / 256) * ceil(M / rows) * ceil(nb / 2). ws: a zeroed fp32 accumulator of ceil(N / 256) *
+// ceil(M / rows) row tiles of rows x 256 floats, counters as many zeroed int32; both are left zero.
 template <typename T>
 int launch_wgmma(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int k, int M,
-                 int N, int nb, void* y, int ctas, float* ws, int* counters, cudaStream_t stream) {
+                 int N, int nb, void* y, int rows, int ctas, float* ws, int* counters, cudaStream_t stream) {
     if (M == 0 || N <= 0) return 0;
     int smem = 0;
-    const void* f = wgmma_pick<T>(k, &smem);
-    const long long units = ((N + kWgCols - 1) / kWgCols) * static_cast<long long>((M + kWgRows - 1) / kWgRows) *
+    const void* f = wgmma_pick<T>(k, rows, &smem);
+    if (f == nullptr) return static_cast<int>(cudaErrorInvalidValue);
+    const long long units = ((N + kWgCols - 1) / kWgCols) * static_cast<long long>((M + rows - 1) / rows) *
                             ((nb + kWgBK - 1) / kWgBK);
     if (f == nullptr || nb <= 0 || M < 0 || ctas < 1 || ctas > units || units > (1LL << 30) || ws == nullptr ||
         counters == nullptr || !wgmma_device_ok())
         return static_cast<int>(cudaErrorInvalidValue);
-    // x [M, nb * 32] in 64-row x 64-input boxes with the 128-byte swizzle (the wgmma B layout).
+    // x [M, nb * 32] in rows x 64-input boxes with the 128-byte swizzle (the wgmma B layout).
     CUtensorMap tmx;
     const CUtensorMapDataType xdt =
         std::is_same<T, half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
     if (!ptx::encode_2d(&tmx, xdt, x, static_cast<uint64_t>(nb) * 32, M, static_cast<uint64_t>(nb) * 64,
-                        kWgBK * 32, kWgRows, CU_TENSOR_MAP_SWIZZLE_128B))
+                        kWgBK * 32, static_cast<uint32_t>(rows), CU_TENSOR_MAP_SWIZZLE_128B))
         return static_cast<int>(cudaErrorInvalidValue);
     const cudaError_t attr = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (attr != cudaSuccess) return static_cast<int>(attr);
@@ -360,8 +380,8 @@ int launch_wgmma(const void* x, const void* pt, const uint8_t* at, const float* 
 }
 
 template int launch_wgmma<half>(const void*, const void*, const uint8_t*, const float*, const void*, int, int, int,
-                                int, void*, int, float*, int*, cudaStream_t);
+                                int, void*, int, int, float*, int*, cudaStream_t);
 template int launch_wgmma<__nv_bfloat16>(const void*, const void*, const uint8_t*, const float*, const void*, int,
-                                         int, int, int, void*, int, float*, int*, cudaStream_t);
+                                         int, int, int, void*, int, int, float*, int*, cudaStream_t);
 
 }  // namespace kbit

@@ -128,30 +128,52 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t addr) {
            (1ull << 62);
 }
 
-// d (64 x 64, fp32) = A (64 x 16 from registers: each warp's 16 rows as an mma.m16n8k16 A
-// fragment) x B (16 x 64, K-major in shared memory: desc) + (scale_d ? d : 0).
+// d (64 x N, fp32) = A (64 x 16 from registers: each warp's 16 rows as an mma.m16n8k16 A
+// fragment) x B (16 x N, K-major in shared memory: desc) + (scale_d ? d : 0), N = 16, 32 or 64
+// (the x rows of the callers' row tiles; d holds N / 2 floats a thread).
 // T = half or __nv_bfloat16. Asynchronous: read d only after wgmma_wait.
-template <typename T>
-__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], const uint32_t (&a)[4], uint64_t desc, int scale_d) {
+// One asm string per (N, type): the accumulator list is spelled out per N, the rest by the macros.
+#define KBIT_WGMMA_STR(SHAPE, TY, DLIST, A0, A1, A2, A3, DESC, SC)                                          \
+    "{\n .reg .pred p;\n setp.ne.b32 p, %" #SC ", 0;\n"                                                   \
+    "wgmma.mma_async.sync.aligned." SHAPE ".f32." TY "." TY " {" DLIST "}, {%" #A0 ", %" #A1 ", %" #A2 \
+    ", %" #A3 "}, %" #DESC ", p, 1, 1, 0;\n}\n"
+#define KBIT_WGMMA_ASM(SHAPE, DLIST, A0, A1, A2, A3, DESC, SC, ...)                                          \
+    if constexpr (std::is_same<T, half>::value) {                                                          \
+        asm volatile(KBIT_WGMMA_STR(SHAPE, "f16", DLIST, A0, A1, A2, A3, DESC, SC)                          \
+                     : __VA_ARGS__                                                                         \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));               \
+    } else {                                                                                               \
+        asm volatile(KBIT_WGMMA_STR(SHAPE, "bf16", DLIST, A0, A1, A2, A3, DESC, SC)                         \
+                     : __VA_ARGS__                                                                         \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));               \
+    }
+
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc, int scale_d) {
+    static_assert(N == 16 || N == 32 || N == 64, "wgmma N: 16, 32 or 64");
 #if defined(KBIT_WGMMA)
-    if constexpr (std::is_same<T, half>::value) {
-        asm volatile(
-            "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-            "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
-    } else {
-        asm volatile(
-            "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-            "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
+    if constexpr (N == 16) {
+        KBIT_WGMMA_ASM("m64n16k16", "%0, %1, %2, %3, %4, %5, %6, %7", 8, 9, 10, 11, 12, 13,
+                       "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]))
+    } else if constexpr (N == 32) {
+        KBIT_WGMMA_ASM("m64n32k16", "%0, %1, %2, %3, %4, %5, %6, %7, "
+                       "%8, %9, %10, %11, %12, %13, %14, %15",
+                       16, 17, 18, 19, 20, 21,
+                       "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]))
+    } else if constexpr (N == 64) {
+        KBIT_WGMMA_ASM("m64n64k16", "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, "
+                       "%11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+                       "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31",
+                       32, 33, 34, 35, 36, 37,
+                       "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                       "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                       "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]))
     }
 #endif
 }
+#undef KBIT_WGMMA_ASM
+#undef KBIT_WGMMA_STR
 
 }  // namespace ptx

@@ -27,7 +27,7 @@ from .cargs import SUFFIX
 from .cargs import ptr as _ptr
 from .grouped_mm import grouped_mm_into, prefers_dequant
 from .library import LIB, check, kernels_usable, sm_count
-from .ops import wgmma_ok
+from .ops import wgmma_ok, wgmma_tile_rows
 from .scratch import scratch
 
 # (largest M for the GEMV kernel, largest M for the MMA kernel) per compute capability, from
@@ -37,19 +37,21 @@ from .scratch import scratch
 # 40.8 vs 37.9 at M=5); the stream-K GEMV keeps M <= 4 (M=4 4096x6144: 11.4 vs 17.8 us).
 # dequant + cuBLAS wins past M=64. Other archs use the sm_90 row.
 DISPATCH = {90: (4, 64)}
-# Where the Hopper wgmma kernel (csrc/awq_wgmma.cu) takes over from the MMA and from dequantize +
-# cuBLAS, when it can run (ops.wgmma_ok, outside deterministic mode): per compute capability,
-# (layer weights above, first row, last row), the first entry the layer is above wins. H200
-# 2026-11-22 session 9 (TMA loads), g128 fp16 µs, mma / wgmma / dequant + cuBLAS:
-#   4096x28672 (117 M) M=8 44.5 / 47.0, M=16 46.4 / 43.8, M=64 80.5 / 44.1, M=384 - / 200.2 / 200.9;
-#   14336x4096 (59 M) M=12 25.5 / 25.5, M=16 25.8 / 25.1, M=384 - / 100.5 / 103.8;
-#   4096x6144 (25 M) M=24 16.4 / 16.6, M=32 16.8 / 16.6, M=256 - / 37.8 / 38.6, M=384 - / 50.8 / 44.9;
-#   4096x4096 (17 M) M=32 13.6 / 15.6, M=64 18.0 / 15.8, M=192 - / 23.8 / 29.5, M=256 - / 28.8 / 26.1.
-# Layers of <= 10.5 M weights (seed 002's) stay on the MMA / dequantize + cuBLAS rule. Inside vLLM
-# (no PDL overlap with the kernel before) the MMA still wins at M=16 on the largest layers: batch-16
-# decode, gate/up + down per layer, MMA + split-K reduce 70.0 us vs wgmma 72.9 us (3738 vs 3618 tok/s).
+# Where the Hopper wgmma kernel (csrc/awq_wgmma.cu) takes over from the GEMVs, the MMA and
+# dequantize + cuBLAS, when it can run (ops.wgmma_ok, outside deterministic mode): per compute
+# capability, (layer weights above, first row, last row), the first entry the layer is above wins.
+# H200 2026-11-22 session 10 (row tiles of 16 / 32 / 64 x rows), g128 fp16 µs, gemv (stream-K) or
+# mma / wgmma:
+#   4096x28672 (117 M) M=1 24.7 / 31.1, M=2 30.9 / 29.6, M=8 45.0 / 29.8, M=16 46.9 / 30.0;
+#   14336x4096 (59 M) M=2 17.4 / 16.7, M=8 25.1 / 16.8;
+#   4096x6144 (25 M) M=2 9.5 / 10.6, M=4 11.4 / 10.5, M=16 14.1 / 10.6, M=48 (op) 17.0 / 17.1;
+#   4096x4096 (17 M) M=4 8.5 / 9.6, M=8 11.4 / 9.6, M=48 16.7 / 15.7;
+#   2048x5120 M=4 8.0 / 8.0, M=8 10.9 / 8.0, M=32 13.2 (mma), 13.6 (dequant) / 10.0, M=48 13.7
+#   (dequant) / 14.6; 2048x512 M=8 7.7 / 4.2, M=32 7.4 (dequant) / 5.5, M=48 7.5 (dequant) / 8.4.
+# Session 9 (64-row tiles only): M=64..384 on the Llama-3-8B layers, e.g. 4096x28672 M=384 - /
+# 200.2 / 200.9 (dequant), 4096x6144 M=384 50.8 / 44.9 (dequant), 4096x4096 M=256 28.8 / 26.1.
 WGMMA_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((48 << 20, 17, 384), (20 << 20, 33, 256), (12 << 20, 33, 192)),
+    (9, 0): ((48 << 20, 2, 384), (20 << 20, 4, 256), (12 << 20, 5, 192), (0, 5, 32)),
 }
 _SUFFIX = SUFFIX
 
@@ -90,15 +92,15 @@ def choose_path(m: int, capability: tuple[int, int], wgmma: bool = False, weight
     """'gemv', 'mma', 'wgmma' or 'dequant' for an activation with m rows of a layer of `weights`
     (in x out) weights (wgmma: whether the wgmma kernel can run here, wgmma_ok outside
     deterministic mode)."""
-    gemv_max, mma_max = DISPATCH.get(capability[0] * 10 + capability[1], DISPATCH[90])
-    if 0 < m <= gemv_max:
-        return "gemv"
     if wgmma:
         for above, first, last in WGMMA_RULES.get(capability, ()):
             if weights > above:
                 if first <= m <= last:
                     return "wgmma"
                 break
+    gemv_max, mma_max = DISPATCH.get(capability[0] * 10 + capability[1], DISPATCH[90])
+    if 0 < m <= gemv_max:
+        return "gemv"
     return "mma" if 0 < m <= mma_max else "dequant"
 
 
@@ -138,24 +140,24 @@ def gemv_sk_ctas(dev: torch.device, suffix: str, m: int, in_f: int, out_f: int, 
 
 
 # Tile of the Hopper kernel (csrc/awq_wgmma.cu): a stream-K unit is one row tile (WGMMA_TILE_COLS
-# outputs x WGMMA_TILE_ROWS rows of x) x WGMMA_STAGE_INPUTS inputs.
-WGMMA_TILE_ROWS = 64
+# outputs x wgmma_tile_rows(m) rows of x) x WGMMA_STAGE_INPUTS inputs.
 WGMMA_TILE_COLS = 256
 WGMMA_STAGE_INPUTS = 64
-_WG_OCC: dict[tuple[int, str], int] = {}
+_WG_OCC: dict[tuple[int, str, int], int] = {}
 
 
-def wgmma_config(dev: torch.device, suffix: str, m: int, in_f: int, out_f: int) -> tuple[int, int]:
-    """(ctas, row_tiles) of the wgmma kernel: one wave (resident CTAs per SM x SMs), never more
-    than its (row tile, stage) units."""
-    key = (dev.index if dev.index is not None else torch.cuda.current_device(), suffix)
+def wgmma_config(dev: torch.device, suffix: str, m: int, in_f: int, out_f: int) -> tuple[int, int, int]:
+    """(rows, ctas, row_tiles) of the wgmma kernel: its row tile height, one wave (resident CTAs per
+    SM x SMs), never more than its (row tile, stage) units."""
+    rows = wgmma_tile_rows(m)
+    key = (dev.index if dev.index is not None else torch.cuda.current_device(), suffix, rows)
     if key not in _WG_OCC:
-        _WG_OCC[key] = int(getattr(LIB, f"kbit_vllm_awq_wgmma_ctas_per_sm_{suffix}")())
+        _WG_OCC[key] = int(getattr(LIB, f"kbit_vllm_awq_wgmma_ctas_per_sm_{suffix}")(ctypes.c_int(rows)))
     if _WG_OCC[key] <= 0:
-        raise RuntimeError(f"awq wgmma kernel ({suffix}) cannot be resident on this GPU")
-    row_tiles = -(-out_f // WGMMA_TILE_COLS) * -(-m // WGMMA_TILE_ROWS)
+        raise RuntimeError(f"awq wgmma kernel ({suffix}, {rows} rows) cannot be resident on this GPU")
+    row_tiles = -(-out_f // WGMMA_TILE_COLS) * -(-m // rows)
     units = row_tiles * -(-in_f // WGMMA_STAGE_INPUTS)
-    return min(_WG_OCC[key] * sm_count(dev), units), row_tiles
+    return rows, min(_WG_OCC[key] * sm_count(dev), units), row_tiles
 
 
 def linear_path(x2: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, bias: torch.Tensor | None,
@@ -198,13 +200,13 @@ def linear_path(x2: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, bias: torc
             if not wgmma_ok(dev, 4):
                 raise ValueError(f"awq_linear wgmma path needs compute capability 9.0 and a library built for "
                                  f"sm_90a, got {torch.cuda.get_device_capability(dev)}")
-            ctas, row_tiles = wgmma_config(dev, suffix, m, in_f, out_features)
+            rows, ctas, row_tiles = wgmma_config(dev, suffix, m, in_f, out_features)
             # Partial row tiles: a zeroed fp32 accumulator per row tile and a counter (both left zeroed).
-            ws = scratch(dev, "accum", row_tiles * WGMMA_TILE_ROWS * WGMMA_TILE_COLS)
+            ws = scratch(dev, "accum", row_tiles * rows * WGMMA_TILE_COLS)
             ctr = scratch(dev, "counters", row_tiles)
             check(getattr(LIB, f"kbit_vllm_awq_wgmma_{suffix}")(
-                _ptr(x2), _ptr(wq), _ptr(sz), _ptr(bias), _ptr(y), ctypes.c_int(m), *dims[:3], ctypes.c_int(ctas),
-                _ptr(ws), _ptr(ctr), stream), "awq_linear (wgmma)")
+                _ptr(x2), _ptr(wq), _ptr(sz), _ptr(bias), _ptr(y), ctypes.c_int(m), *dims[:3], ctypes.c_int(rows),
+                ctypes.c_int(ctas), _ptr(ws), _ptr(ctr), stream), "awq_linear (wgmma)")
         elif path == "mma":
             splits = int(LIB.kbit_vllm_awq_mma_splits(ctypes.c_int(m), ctypes.c_int(in_f), ctypes.c_int(out_features)))
             ws = torch.empty((splits * m * out_features if splits > 1 else 0,), dtype=torch.float32, device=x2.device)

@@ -77,14 +77,15 @@ MMA_SMALL_LAYER = 12 * 1024 * 1024
 
 # Rows (first, last) that the Hopper wgmma kernel (csrc/kbit_wgmma.cu) takes from the MMA and from
 # dequantize + cuBLAS, where it can run (compute capability 9.0, k <= 4, an sm_90a library, not
-# deterministic mode) and the layer is above MMA_SMALL_LAYER. H200 2026-11-22 session 9 (TMA loads),
-# k=4 fp16 µs, mma (v2) or the op's dequantize + cuBLAS / wgmma, 4096x28672, 14336x4096,
-# 4096x6144, 4096x4096: M=33 66.2 / 56.5, 35.3 / 31.6, 21.2 / 18.9, 16.8 / 17.0; M=64 68.9 / 56.2,
-# 37.2 / 32.0, 22.4 / 19.1, 18.1 / 17.3; M=128 (dequantize) 146.7 / 99.3, 79.7 / 53.9, 33.0 /
-# 29.2, 26.3 / 23.9; M=192 151.8 / 142.1, 86.9 / 74.8, 40.5 / 38.5, 31.2 / 28.8; M=256 171.4 /
-# 184.1 (dequantize wins). At M=32 variant 5 (32-row tiles) is faster.
+# deterministic mode) and the layer is above MMA_SMALL_LAYER. H200, k=4 fp16 µs, mma (v5) or the
+# op's dequantize + cuBLAS / wgmma, 4096x28672, 14336x4096, 4096x6144, 4096x4096: session 10 (row
+# tiles of 16 / 32 / 64 x rows) M=16 39.1 / 41.8, 20.6 / 22.9, 12.2 / 13.3, 10.3 / 11.2; M=20
+# 50.2 / 46.8, 25.8 / 25.5, 15.6 / 14.7, 13.6 / 12.9; M=32 50.9 / 46.5, 26.6 / 25.7, 16.1 / 14.6,
+# 14.1 / 12.9. Session 9 (TMA loads): M=64 68.9 / 56.2, 37.2 / 32.0, 22.4 / 19.1, 18.1 / 17.3;
+# M=128 (dequantize) 146.7 / 99.3, 79.7 / 53.9, 33.0 / 29.2, 26.3 / 23.9; M=192 151.8 / 142.1,
+# 86.9 / 74.8, 40.5 / 38.5, 31.2 / 28.8; M=256 171.4 / 184.1 (dequantize wins).
 WGMMA_ROWS: dict[tuple[int, int], tuple[int, int]] = {
-    (9, 0): (33, 192),
+    (9, 0): (17, 192),
 }
 
 

@@ -162,10 +162,10 @@ def mma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int,
 
 
 # Row tile of the Hopper kernel (csrc/kbit_wgmma.cu); dispatch.WGMMA_ROWS is the range of M it serves.
-WGMMA_TILE_ROWS = 64  # x rows per row tile
+WGMMA_ROW_TILES = (16, 32, 64)  # x rows per row tile (the wgmma N) both wgmma kernels are built for
 WGMMA_TILE_COLS = 256  # features per row tile (two 128-feature layout tiles)
 WGMMA_STAGE_BLOCKS = 2  # quantization blocks per stream-K work unit there
-_WG_OCC: dict[tuple[int, int, str], int] = {}
+_WG_OCC: dict[tuple[int, int, str, int], int] = {}
 _WG_DEV: dict[int, bool] = {}  # device index -> compute capability 9.0 with an sm_90a library
 
 
@@ -182,18 +182,26 @@ def wgmma_ok(dev: torch.device | str, k: int) -> bool:
     return _WG_DEV[idx]
 
 
-def wgmma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int) -> tuple[int, int]:
-    """(ctas, row_tiles) of the stream-K wgmma kernel: one wave (resident CTAs per SM x SMs), never
-    more than the (row tile, stage) units; a row tile is WGMMA_TILE_COLS features x WGMMA_TILE_ROWS
-    rows of x."""
-    key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, sfx)
+def wgmma_tile_rows(m: int) -> int:
+    """x rows per row tile of the wgmma kernels (kbit and awq): the smallest built wgmma N that
+    holds m (past 64 rows, more row tiles), so a batch of 16 runs n16 wgmmas, not n64 over 48 rows
+    of zeros."""
+    return next((r for r in WGMMA_ROW_TILES if m <= r), WGMMA_ROW_TILES[-1])
+
+
+def wgmma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int) -> tuple[int, int, int]:
+    """(rows, ctas, row_tiles) of the stream-K wgmma kernel: the row tile height, one wave (resident
+    CTAs per SM x SMs), never more than the (row tile, stage) units; a row tile is WGMMA_TILE_COLS
+    features x rows rows of x."""
+    rows = wgmma_tile_rows(m)
+    key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, sfx, rows)
     if key not in _WG_OCC:
-        _WG_OCC[key] = int(getattr(LIB, f"kbit_vllm_wgmma_ctas_per_sm_{sfx}")(_i(k)))
+        _WG_OCC[key] = int(getattr(LIB, f"kbit_vllm_wgmma_ctas_per_sm_{sfx}")(_i(k), _i(rows)))
     if _WG_OCC[key] <= 0:
-        raise RuntimeError(f"kbit wgmma kernel (k={k}) cannot be resident on this GPU")
-    row_tiles = -(-n // WGMMA_TILE_COLS) * -(-m // WGMMA_TILE_ROWS)
+        raise RuntimeError(f"kbit wgmma kernel (k={k}, {rows} rows) cannot be resident on this GPU")
+    row_tiles = -(-n // WGMMA_TILE_COLS) * -(-m // rows)
     units = row_tiles * -(-nb // WGMMA_STAGE_BLOCKS)
-    return min(_WG_OCC[key] * _sms(dev), units), row_tiles
+    return rows, min(_WG_OCC[key] * _sms(dev), units), row_tiles
 
 
 def path_ok(dev: torch.device, path: str, k: int, m: int) -> bool:
@@ -289,13 +297,14 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
         if not wgmma_ok(dev, k):
             raise ValueError(f"kbit_linear wgmma path takes k <= 4 on compute capability 9.0, got k={k} on "
                              f"{torch.cuda.get_device_capability(dev)}")
-        ctas, row_tiles = wgmma_config(dev, sfx, k, m, out_features, nb)
+        rows, ctas, row_tiles = wgmma_config(dev, sfx, k, m, out_features, nb)
         # Partial row tiles: a zeroed fp32 accumulator per row tile and a counter (both left zeroed).
-        ws = scratch(dev, "accum", row_tiles * WGMMA_TILE_ROWS * WGMMA_TILE_COLS)
+        ws = scratch(dev, "accum", row_tiles * rows * WGMMA_TILE_COLS)
         ctr = scratch(dev, "counters", row_tiles)
         check(getattr(LIB, f"kbit_vllm_wgmma_{sfx}")(
             _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(bias), _i(k), _i(m),
-            _i(out_features), _i(nb), _ptr(y), _i(ctas), _ptr(ws), _ptr(ctr), stream), "kbit_linear (wgmma)")
+            _i(out_features), _i(nb), _ptr(y), _i(rows), _i(ctas), _ptr(ws), _ptr(ctr), stream),
+              "kbit_linear (wgmma)")
         return y
     if path not in ("mma", "mma_tw1", "mma_tw2", *MMA_VARIANTS):
         raise ValueError(f"unknown kbit_linear path {path!r}")
