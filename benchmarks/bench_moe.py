@@ -169,6 +169,8 @@ def bench_shape(scen: str, n_exp: int, topk: int, shape: str, in_f: int, out_f: 
                 runs += [(f"mma_bm{bm}", "mma", bm) for bm in SWEEP_BM[f]]
                 if f != "awq" and rpe <= 8:  # the fixed-order slot GEMV (deterministic mode's)
                     runs.append(("gemv_slot", "gemv_slot", None))
+            if f == "awq" and cuda_ops.wgmma_ok(x.device, 4):  # the Hopper grouped kernel
+                runs.append(("wgmma", "wgmma", None))
             if f != "awq" and use_gmm and rpe > 8:  # bf16 prefill path: dequantize all + torch grouped GEMM
                 runs.append(("dequant_bf16", "dequant", None))
             xb = x.to(torch.bfloat16)
@@ -209,7 +211,8 @@ def print_tables(rows: list[dict]) -> None:
             print(f"| {t} | {b['rows']} | {b['active']} | {b['max_rows']} | {fmt(b['fp16_bmm'])} | "
                   f"{fmt(b.get('grouped_mm_bf16'))} | " + " | ".join(ops_) + " | " + " | ".join(ratios)
                   + f" | {fmt(k4['floor']) if k4 else '-'} |")
-        print(f"\n#### {scen} {shape}: paths (gemv (kbit: stream-K) / mma / op; kbit bf16: dequant + grouped_mm)\n")
+        print(f"\n#### {scen} {shape}: paths (gemv (kbit: stream-K) / mma / op; kbit bf16: dequant + grouped_mm; "
+              "awq: wgmma)\n")
         print("| tokens | " + " | ".join(fmts) + " |")
         print("|---" * (1 + len(fmts)) + "|")
         for t in sorted({r["tokens"] for r in sel}):
@@ -219,6 +222,8 @@ def print_tables(rows: list[dict]) -> None:
                 cell = "-" if r is None else f"{fmt(r.get('gemv'))} / {fmt(r.get('mma'))} / {fmt(r.get('op'))}"
                 if r is not None and r.get("dequant_bf16"):
                     cell += f"; {fmt(r['dequant_bf16'])}"
+                if r is not None and r.get("wgmma"):
+                    cell += f"; wgmma {fmt(r['wgmma'])}"
                 cells.append(cell)
             print(f"| {t} | " + " | ".join(cells) + " |")
 

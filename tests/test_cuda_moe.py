@@ -170,6 +170,8 @@ def test_awq_grouped_all_paths(gs, dtype, in_f, out_f, n_exp, gen):
         x = torch.randn(rows, in_f, device=DEV, dtype=dtype)
         want = _reference(x, w64, offs)
         runs = [("gemv", None)] + [("mma", bm) for bm in AWQ_BMS]
+        if cuda_ops.wgmma_ok(DEV, 4):
+            runs += [("wgmma", r) for r in cuda_ops.WGMMA_ROW_TILES]  # the Hopper kernel, each row tile
         if dtype == torch.bfloat16:
             runs.append(("dequant", None))  # every expert dequantized in one launch + torch's grouped GEMM
         for path, bm in runs:

@@ -30,6 +30,10 @@ int grouped_gemv(const void* x, const int32_t* wq, const void* sz, const int* of
 template <typename T>
 int grouped_mma(const void* x, const int32_t* wq, const void* sz, const int* offs, void* y, float* workspace,
                 int n_exp, int rows, int in, int out, int group, int bm, int items, int splits, cudaStream_t stream);
+template <typename T>
+int grouped_wgmma(const void* x, const int32_t* wq, const void* sz, const int* offs, void* y, float* workspace,
+                  int n_exp, int rows, int in, int out, int group, int rows_per_tile, int items, int splits,
+                  cudaStream_t stream);
 }  // namespace awq
 
 extern "C" {
@@ -68,6 +72,12 @@ extern "C" {
                                            int group, int bm, int items, int splits, void* stream) {               \
         return awq::grouped_mma<T>(x, wq, sz, offs, y, workspace, n_exp, rows, in, out, group, bm, items, splits,  \
                                    static_cast<cudaStream_t>(stream));                                            \
+    }                                                                                                              \
+    int kbit_vllm_awq_grouped_wgmma_##SUFFIX(const void* x, const int32_t* wq, const void* sz, const int* offs,   \
+                                             void* y, float* workspace, int n_exp, int rows, int in, int out,      \
+                                             int group, int rows_per_tile, int items, int splits, void* stream) {  \
+        return awq::grouped_wgmma<T>(x, wq, sz, offs, y, workspace, n_exp, rows, in, out, group, rows_per_tile,   \
+                                     items, splits, static_cast<cudaStream_t>(stream));                            \
     }
 KBIT_MOE_API(fp16, half)
 KBIT_MOE_API(bf16, __nv_bfloat16)

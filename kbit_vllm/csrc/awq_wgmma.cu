@@ -32,11 +32,10 @@
 // * Stream-K over one wave, unit = (row tile, stage), row tile = (256 outputs, R x rows); partial
 //   row tiles reduce into a zeroed fp32 accumulator with a per-tile counter, as kbit_wgmma.cu.
 //   No deterministic mode (backends/cuda/awq_ops.py picks the mma.sync kernel there).
-#include "awq_common.cuh"
+#include "awq_wgmma_tile.cuh"
 #include "mma_ptx.cuh"
 #include "pdl.cuh"
 #include "stream_k.cuh"
-#include "wgmma_ptx.cuh"
 
 
 namespace awq {
@@ -49,54 +48,6 @@ using kbit::sk_owner;
 using kbit::sk_start;
 using kbit::SkUnit;
 
-constexpr int kAwThreads = 256;                   // 2 warpgroups
-constexpr int kAwCols = 256;                      // outputs per row tile (128 per warpgroup)
-constexpr int kAwBK = 64;                         // inputs per stage (two k32 segments)
-constexpr int kAwGroups = kAwCols / 8;            // column groups per row tile
-constexpr int kAwWSeg = kAwGroups * 32 * 4;       // weight words of a segment: [32 column groups][128 bytes, swizzled]
-constexpr int kAwSSeg = kAwCols * 4;              // scale / offset pairs of a segment
-
-// Shared memory of the kernel with R x rows per row tile (the wgmma N: 16, 32 or 64; the host
-// picks the smallest that holds M, so a decode batch of 16 runs n16 wgmmas, not n64 on zero rows).
-// Smaller R leaves room for more slots (stages in flight) at 2 CTAs per SM.
-template <int R>
-struct AwCfg {
-    static constexpr int kXBytes = R * kAwBK * 2;                          // x rows of a stage (128-byte swizzled)
-    static constexpr int kSlotBytes = kXBytes + 2 * kAwWSeg + 2 * kAwSSeg;  // x, weights, scales: 18 KB at R = 64
-    static constexpr int kSlots = R == 64 ? 5 : 6;
-    static constexpr int kAhead = kSlots - 2;  // stages loaded ahead: the wgmmas read x until 2 stages later
-    static constexpr int kBarOff = kSlots * kSlotBytes;  // one mbarrier per slot: its stage has landed
-    static constexpr int kBytes = 1024 + kBarOff + kSlots * 8;  // + alignment of the slots to 1024 bytes
-    static constexpr int kTileFloats = R * kAwCols;
-    static_assert(kXBytes % 1024 == 0 && kAwWSeg % 1024 == 0 && kSlotBytes % 1024 == 0,
-                  "swizzled TMA boxes start on 1024-byte boundaries");
-};
-
-// Both halves set to the low (H = 0) or high (H = 1) half of v; ptxas folds it into the consumer's
-// operand selector (HFMA2 ... R.H0_H0) instead of a byte permute.
-template <typename T, int H>
-__device__ __forceinline__ typename Vec2<T>::type bcast(uint32_t v) {
-    using T2 = typename Vec2<T>::type;
-    const T2 p = *reinterpret_cast<const T2*>(&v);
-    if constexpr (std::is_same<T, half>::value) {
-        return H == 0 ? __low2half2(p) : __high2half2(p);
-    } else {
-        return H == 0 ? __low2bfloat162(p) : __high2bfloat162(p);
-    }
-}
-
-// {W[f'][k], W[f'][k + 1]} from the nibbles at bits 0..3 and 16..19 of v, dequantized as q * s + b
-// with s, b half H of the scale pair word sp and the offset pair word bp.
-template <typename T, int H>
-__device__ __forceinline__ uint32_t a_pair(uint32_t v, uint32_t sp, uint32_t bp) {
-    using T2 = typename Vec2<T>::type;
-    const uint32_t magic = std::is_same<T, half>::value ? 0x64006400u : 0x43004300u;  // 1024 / 128
-    const uint32_t h = lop3_and_or(v, 0x000f000fu, magic);
-    const T2 q = __hsub2(*reinterpret_cast<const T2*>(&h), *reinterpret_cast<const T2*>(&magic));
-    const T2 w = __hfma2(q, bcast<T, H>(sp), bcast<T, H>(bp));
-    return *reinterpret_cast<const uint32_t*>(&w);
-}
-
 template <typename T, int R>
 __global__ void __launch_bounds__(kAwThreads, 2)
     awq_wgmma_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_w,
@@ -104,11 +55,11 @@ __global__ void __launch_bounds__(kAwThreads, 2)
                      int in, int out, int group, float* __restrict__ ws, int* __restrict__ counters) {
 #if defined(KBIT_WGMMA)
     using C = AwCfg<R>;
-    constexpr int kAwRows = R, kAwXBytes = C::kXBytes, kAwSlotBytes = C::kSlotBytes, kAwSlots = C::kSlots;
+    constexpr int kAwRows = R, kAwSlotBytes = C::kSlotBytes, kAwSlots = C::kSlots;
     constexpr int kAwAhead = C::kAhead, kJ = R / 8;  // kJ: 8-row accumulator groups
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = lane & 3, r8 = lane >> 2;
+    const int g = lane & 3;
     const int n_rt = (out + kAwCols - 1) / kAwCols;
     const int m_tiles = (M + kAwRows - 1) / kAwRows;
     const int nst = (in + kAwBK - 1) / kAwBK;
@@ -129,21 +80,13 @@ __global__ void __launch_bounds__(kAwThreads, 2)
     // read as zeros, so a half stage (in % 64 == 32) has zero scales and x in its second segment.
     // The loader cursor names the next unit to load (row tile t, x row tile mt, stage st).
     SkUnit lc = SkUnit::at(u0, nst, m_tiles);  // the next unit to load
-    constexpr uint32_t kStageTx = kAwSlotBytes;
     auto load_w = [&](const SkUnit& n, int slot) {  // weights and scales (before pdl_wait allowed)
-        const uint32_t base = smem_s + static_cast<uint32_t>(slot * kAwSlotBytes), bar = bars + slot * 8;
-        const int k0 = n.st * kAwBK;
-        ptx::mbar_arrive_expect_tx(bar, kStageTx);
-#pragma unroll
-        for (int seg = 0; seg < 2; ++seg) {
-            ptx::tma_load_2d(base + kAwXBytes + seg * kAwWSeg, &tm_w, k0 + 32 * seg, n.t * kAwGroups, bar);
-            ptx::tma_load_2d(base + kAwXBytes + 2 * kAwWSeg + seg * kAwSSeg, &tm_s, n.t * kAwCols,
-                             (k0 + 32 * seg) >> gshift, bar);
-        }
+        aw_load_w<R>(smem_s + static_cast<uint32_t>(slot * kAwSlotBytes), bars + slot * 8, &tm_w, &tm_s,
+                     n.st * kAwBK, n.t * kAwGroups, 0, n.t * kAwCols, gshift);
     };
     auto load_x = [&](const SkUnit& n, int slot) {
-        ptx::tma_load_2d(smem_s + static_cast<uint32_t>(slot * kAwSlotBytes), &tm_x, n.st * kAwBK, n.mt * kAwRows,
-                         bars + slot * 8);
+        aw_load_x(smem_s + static_cast<uint32_t>(slot * kAwSlotBytes), bars + slot * 8, &tm_x, n.st * kAwBK,
+                  n.mt * kAwRows);
     };
 
     if (tid == 0) {
@@ -163,22 +106,10 @@ __global__ void __launch_bounds__(kAwThreads, 2)
         for (int s = 0; s < kAwAhead && u0 + s < u1; ++s, lc.next(nst, m_tiles)) load_x(lc, s);
     }
 
-    const int tw = warp >> 2;                    // this warpgroup's half of the row tile
-    const int c0 = 32 * (warp & 3) + 4 * r8;     // this lane's first output in that half
-    const int fl = tw * 128 + c0;                // ... in the row tile
-    const int cgl = fl / 8, csw = cgl & 7;       // its column group (row of the weight boxes), swizzle
-    // Byte permute gathering, from words (c, k) and (c, k + 1), the bytes that hold outputs
-    // f..f+3 (bytes h and 2 + h of each word, h = which half of the column group).
-    const uint32_t hb = static_cast<uint32_t>(r8 & 1);
-    const uint32_t sel = hb | ((2u + hb) << 4) | ((4u + hb) << 8) | ((6u + hb) << 12);
+    const AwLane L = AwLane::make(tid);
+    const int fl = L.fl;
     float acc[2][R / 2];  // [m64 tile][fragment]
     uint32_t a[2][2][4];  // A fragments: [k16 half parity][m64 tile][register]
-    auto fence_acc = [&]() {
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-            for (int r = 0; r < R / 2; ++r) ptx::reg_fence(acc[i][r]);
-    };
 
     int q = u0 / nst;  // row tile of the current segment
     bool seg_from_start = u0 == q * nst;
@@ -199,51 +130,10 @@ __global__ void __launch_bounds__(kAwThreads, 2)
                 load_x(lc, ls);
                 lc.next(nst, m_tiles);
             }
-            const unsigned char* base = smem_aw + slot * kAwSlotBytes;
-            const uint32_t* wseg = reinterpret_cast<const uint32_t*>(base + kAwXBytes) + cgl * 32;
-            // x of the stage as the B operand; k16 half kk starts 2 core matrices (256 bytes, 16 in
-            // the descriptor's address field) further.
-            const uint64_t desc0 = ptx::wgmma_desc_sw128(smem_s + static_cast<uint32_t>(slot * kAwSlotBytes));
-#pragma unroll
-            for (int seg = 0; seg < 2; ++seg) {
-                // Scale / offset pairs of outputs f..f+3 in this segment's group: (s_f, s_f+1),
-                // (b_f, b_f+1), (s_f+2, s_f+3), (b_f+2, b_f+3).
-                const uint4 sv =
-                    *reinterpret_cast<const uint4*>(base + kAwXBytes + 2 * kAwWSeg + seg * kAwSSeg + fl * 4);
-#pragma unroll
-                for (int kh = 0; kh < 2; ++kh) {
-                    const int kk = 2 * seg + kh;  // k16 half of the stage
-                    // Words 16 kh + 2g (inputs 2g, 2g + 1) and + 8 of this segment: 16-byte chunks
-                    // 4 kh + g / 2 and + 2 of the column group's row, swizzled by the row.
-                    const uint32_t* wrow = wseg + seg * (kAwWSeg / 4);
-                    const int c = 4 * kh + (g >> 1);
-                    const uint2 lo = *reinterpret_cast<const uint2*>(wrow + ((c ^ csw) << 2) + 2 * (g & 1));
-                    const uint2 hi = *reinterpret_cast<const uint2*>(wrow + (((c + 2) ^ csw) << 2) + 2 * (g & 1));
-                    const uint32_t vl = __byte_perm(lo.x, lo.y, sel), vh = __byte_perm(hi.x, hi.y, sel);
-                    // The group two halves back read a[kk & 1]: wait until at most one is pending.
-                    ptx::wgmma_wait<1>();
-                    // Tile 0: outputs f (a0, a2) and f + 1 (a1, a3) at shifts 0 and 8 of the permuted words;
-                    // tile 1: f + 2 and f + 3 at shifts 4 and 12. a0, a1: inputs 2g..; a2, a3: 2g + 8..
-                    a[kk & 1][0][0] = a_pair<T, 0>(vl, sv.x, sv.y);
-                    a[kk & 1][0][1] = a_pair<T, 1>(vl >> 8, sv.x, sv.y);
-                    a[kk & 1][0][2] = a_pair<T, 0>(vh, sv.x, sv.y);
-                    a[kk & 1][0][3] = a_pair<T, 1>(vh >> 8, sv.x, sv.y);
-                    a[kk & 1][1][0] = a_pair<T, 0>(vl >> 4, sv.z, sv.w);
-                    a[kk & 1][1][1] = a_pair<T, 1>(vl >> 12, sv.z, sv.w);
-                    a[kk & 1][1][2] = a_pair<T, 0>(vh >> 4, sv.z, sv.w);
-                    a[kk & 1][1][3] = a_pair<T, 1>(vh >> 12, sv.z, sv.w);
-                    fence_acc();
-                    ptx::wgmma_fence();
-                    const uint64_t desc = desc0 + static_cast<uint64_t>(kk * 2);  // 32 bytes a k16 step
-#pragma unroll
-                    for (int i = 0; i < 2; ++i) ptx::wgmma_m64k16<T, R>(acc[i], a[kk & 1][i], desc, 1);
-                    ptx::wgmma_commit();
-                    fence_acc();
-                }
-            }
+            aw_stage<T, R>(smem_aw + slot * kAwSlotBytes, smem_s + static_cast<uint32_t>(slot * kAwSlotBytes), L, acc, a);
         }
         ptx::wgmma_wait<0>();
-        fence_acc();
+        aw_fence_acc<R>(acc);
 
         // End of this CTA's segment of row tile q: as kbit_wgmma.cu. acc[i][4j + h]: output f0 + 2i,
         // x row 8j + 2g + h of the tile; acc[i][4j + 2 + h]: output f0 + 2i + 1, the same row.
@@ -359,17 +249,8 @@ int wgmma(const void* x, const int32_t* wq, const void* sz, const void* bias, vo
     if (m < 0 || in <= 0 || out < 0 || in % 32 || out % 8 || group < 32 || (group & (group - 1)) || in % group || ctas < 1 ||
         ctas > units || units > (1LL << 30) || ws == nullptr || counters == nullptr || !ptx::wgmma_device_ok())
         return static_cast<int>(cudaErrorInvalidValue);
-    // Tensor maps: x [m, in] in 64-input x rows boxes (128-byte swizzle, the wgmma B layout), wq
-    // [out/8, in] words in 32 x 32 boxes (128-byte swizzle, conflict-free lane reads), sz [in/group,
-    // out] as 32-bit (scale, offset) pair words in 256 x 1 boxes.
     CUtensorMap tmx, tmw, tms;
-    const CUtensorMapDataType xdt =
-        std::is_same<T, half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-    if (!ptx::encode_2d(&tmx, xdt, x, in, m, static_cast<uint64_t>(in) * 2, kAwBK, rows, CU_TENSOR_MAP_SWIZZLE_128B) ||
-        !ptx::encode_2d(&tmw, CU_TENSOR_MAP_DATA_TYPE_UINT32, wq, in, out / 8, static_cast<uint64_t>(in) * 4, 32, kAwGroups,
-                   CU_TENSOR_MAP_SWIZZLE_128B) ||
-        !ptx::encode_2d(&tms, CU_TENSOR_MAP_DATA_TYPE_UINT32, sz, out, in / group, static_cast<uint64_t>(out) * 4, kAwCols,
-                   1, CU_TENSOR_MAP_SWIZZLE_NONE))
+    if (!aw_tensor_maps<T>(&tmx, &tmw, &tms, x, m, wq, out / 8, sz, in / group, in, out, rows))
         return static_cast<int>(cudaErrorInvalidValue);
     switch (rows) {
         case 16: return launch_rows<T, 16>(tmx, tmw, tms, bias, y, m, in, out, group, ctas, ws, counters, stream);

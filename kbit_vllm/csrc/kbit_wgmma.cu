@@ -66,6 +66,7 @@ struct WgCfg {
     static constexpr int kSlotsOff = (kLutBytes + 1023) / 1024 * 1024;
     static constexpr int kBarOff = kSlotsOff + kSlots * kSlotBytes;  // one mbarrier per slot
     static constexpr int kBytes = 1024 + kBarOff + kSlots * 8;      // + alignment to 1024 bytes
+    static_assert(kAhead >= 1 && kTileFloats == R * kWgCols, "a stage in flight at least");
 };
 
 template <typename T, int K, int R>

@@ -247,6 +247,11 @@ def awq_linear(x, wq, sz, bias, group_size, out_features):
 # (qwen128 T=64, 512 rows over 126 experts: gemv 137 / 151 us vs mma bm16 79 / 86, gate / down)
 # and wins there with few (seed8 T=4, 32 rows: 9.9 / 9.7 vs 11.5 / 10.2), so up to 2 rows per
 # expert always take the GEMV, 3..4 only within 64 rows in all (GROUPED_GEMV_FEW).
+# Where the Hopper grouped wgmma kernel runs (ops.wgmma_ok), it takes every call the dequantize +
+# grouped GEMM rule leaves: H200 session 10, bench_moe.py, µs, op before (GEMV / MMA) -> wgmma,
+# qwen128 gate / down: T=1 10.7 / 8.8 -> 8.7 / 8.9, T=8 36.8 / 39.2 -> 25.0 / 25.3, T=64 73.9 / 70.8
+# -> 43.7 / 46.4, T=512 114.0 / 116.8 -> 91.2 / 80.0, T=1024 168.6 / 168.0 -> 112.3 / 102.2; seed8
+# gate T=1 7.1 -> 7.3, T=8 9.2 -> 8.3, T=1024 73.8 -> 65.0.
 GROUPED_GEMV_MAX = {90: 2}
 GROUPED_GEMV_FEW = {90: (4, 64)}  # (rows per expert, total rows) still served by the GEMV
 GROUPED_BM = {90: ((8, 16), (16, 32))}
@@ -274,13 +279,35 @@ def grouped_mma_config(rows: int, n_exp: int, in_f: int, out_f: int, sms: int,
     return bm, items, splits
 
 
+def grouped_wgmma_config(rows: int, n_exp: int, in_f: int, out_f: int, sms: int,
+                         tile_rows: int | None = None) -> tuple[int, int, int]:
+    """(tile_rows, items, splits) of the grouped wgmma kernel: the row tile that holds the expected
+    rows per active expert (ops.wgmma_tile_rows), the grid's work-item bound, and K splits toward
+    two CTAs per SM; past half an SM's worth of CTAs only while the fp32 partials move at most a
+    quarter of the weight bytes. H200 (bench_moe.py, µs split / unsplit): seed 002's 2048x512 at
+    64 tokens, 16 CTAs, 12.6 / 30.2, at 256 tokens, 64 CTAs, 25.0 / 30.4 (partials 5x the weights,
+    still a win), at 512 tokens, 128 CTAs, 43.0 / 30.6; its 512x2048 at 256 tokens, 256 CTAs,
+    36.8 / 13.4; qwen128 gate at 8 tokens, 168 CTAs, small partials, 25.0 / 31.3."""
+    active = max(1, min(n_exp, rows))
+    per = dispatch.grouped_rows_per_expert(rows, n_exp)
+    r = tile_rows or wgmma_tile_rows(per)
+    items = (rows + active * (r - 1)) // r
+    tiles = active * -(-per // r) * -(-out_f // WGMMA_TILE_COLS)
+    stages = -(-in_f // WGMMA_STAGE_INPUTS)
+    splits = max(1, min(-(-2 * sms // tiles), stages // 4, 16)) if tiles < 2 * sms else 1
+    if tiles > sms // 2 and 4 * (splits * rows * out_f * 4) > active * in_f * out_f // 2:
+        splits = 1
+    return r, items, splits
+
+
 def grouped_path(x2: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, offsets: torch.Tensor, group_size: int,
                  out_features: int, path: str, bm: int | None = None,
                  out: torch.Tensor | None = None) -> torch.Tensor:
     """y [rows, out] for a contiguous 2-D fp16/bf16 x (rows sorted by expert) through one kernel.
 
     wq [E, out/8, in] int32, sz [E, in/group, out, 2], offsets int32 [E + 1] on the device. Public
-    so tests and benchmarks can run every path; out, if given, receives the result.
+    so tests and benchmarks can run every path; out, if given, receives the result. bm: the row
+    tile of "mma" (16, 32, 64) or "wgmma" (the Hopper kernel's wgmma N: 16, 32, 64).
     """
     rows, in_f = x2.shape
     n_exp = wq.shape[0]
@@ -303,6 +330,17 @@ def grouped_path(x2: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, offsets: 
             check(getattr(LIB, f"kbit_vllm_awq_dequant_{suffix}")(
                 _ptr(wq), _ptr(sz), _ptr(w), *dims[2:], ctypes.c_int(n_exp), stream), "awq_grouped_linear (dequant)")
             return grouped_mm_into(x2, w, offsets, y)
+        if path == "wgmma":
+            if not wgmma_ok(x2.device, 4):
+                raise ValueError(f"awq_grouped_linear wgmma path needs compute capability 9.0 and a library built "
+                                 f"for sm_90a, got {torch.cuda.get_device_capability(x2.device)}")
+            r, items, splits = grouped_wgmma_config(rows, n_exp, in_f, out_features, sm_count(x2.device), bm)
+            ws = torch.empty((splits * rows * out_features if splits > 1 else 0,), dtype=torch.float32,
+                             device=x2.device)
+            check(getattr(LIB, f"kbit_vllm_awq_grouped_wgmma_{suffix}")(
+                _ptr(x2), _ptr(wq), _ptr(sz), _ptr(offsets), _ptr(y), _ptr(ws if splits > 1 else None), *dims,
+                ctypes.c_int(r), ctypes.c_int(items), ctypes.c_int(splits), stream), "awq_grouped_linear (wgmma)")
+            return y
         if path != "mma":
             raise ValueError(f"unknown awq_grouped_linear path {path!r}")
         cap = torch.cuda.get_device_capability(x2.device)
@@ -328,9 +366,12 @@ def awq_grouped_linear(x, wq, sz, expert_offsets, group_size, out_features):
         x2 = x2.clone()
     rows, n_exp = x2.shape[0], wq.shape[0]
     cap = torch.cuda.get_device_capability(x.device)
-    if grouped_gemv_ok(rows, n_exp, cap[0] * 10 + cap[1]):
+    wgmma = wgmma_ok(x.device, 4)  # its split-K sums in a fixed order: deterministic mode keeps it
+    if not wgmma and grouped_gemv_ok(rows, n_exp, cap[0] * 10 + cap[1]):
         path = "gemv"
+    elif prefers_dequant(rows, n_exp, x2.dtype, cap, out_features):
+        path = "dequant"
     else:
-        path = "dequant" if prefers_dequant(rows, n_exp, x2.dtype, cap, out_features) else "mma"
+        path = "wgmma" if wgmma else "mma"
     return grouped_path(x2, wq.contiguous(), sz.contiguous(), expert_offsets.to(torch.int32).contiguous(),
                         group_size, out_features, path)
