@@ -101,3 +101,20 @@ def test_wgmma_tile_rows() -> None:
     assert ops.WGMMA_ROW_TILES == (16, 32, 64)
     expect = {1: 16, 2: 16, 16: 16, 17: 32, 32: 32, 33: 64, 64: 64, 65: 64, 1000: 64}
     assert {m: ops.wgmma_tile_rows(m) for m in expect} == expect
+
+
+def test_awq_grouped_wgmma_config() -> None:
+    """The grouped wgmma kernel's row tile holds the rows per expert (64 past it, more items), the
+    item bound covers every expert's tiles, and K splits only fill an under-used GPU: past half an
+    SM's worth of CTAs only while the fp32 partials stay small beside the weights (H200 session 10)."""
+    from kbit_vllm.backends.cuda import awq_ops
+
+    sms = 132
+    assert awq_ops.grouped_wgmma_config(512, 8, 2048, 512, sms) == (64, 15, 8)     # 16 CTAs: split
+    assert awq_ops.grouped_wgmma_config(2048, 8, 512, 2048, sms)[2] == 1           # 256 CTAs, big partials
+    assert awq_ops.grouped_wgmma_config(64, 128, 2048, 768, sms) == (16, 64, 2)    # 192 CTAs, small partials
+    assert awq_ops.grouped_wgmma_config(8192, 128, 2048, 768, sms)[::2] == (64, 1)  # prefill: one wave+
+    for rows, n_exp in ((1, 8), (29, 6), (1000, 128)):
+        r, items, _ = awq_ops.grouped_wgmma_config(rows, n_exp, 1024, 256, sms)
+        assert r in (16, 32, 64) and items * r >= rows
+    assert awq_ops.grouped_wgmma_config(100, 8, 1024, 256, sms, tile_rows=32)[0] == 32
