@@ -169,7 +169,7 @@ def bench_shape(scen: str, n_exp: int, topk: int, shape: str, in_f: int, out_f: 
                 runs += [(f"mma_bm{bm}", "mma", bm) for bm in SWEEP_BM[f]]
                 if f != "awq" and rpe <= 8:  # the fixed-order slot GEMV (deterministic mode's)
                     runs.append(("gemv_slot", "gemv_slot", None))
-            if f == "awq" and cuda_ops.wgmma_ok(x.device, 4):  # the Hopper grouped kernel
+            if cuda_ops.wgmma_ok(x.device, 4 if f == "awq" else int(f[1:])):  # the Hopper grouped kernels
                 runs.append(("wgmma", "wgmma", None))
             if f != "awq" and use_gmm and rpe > 8:  # bf16 prefill path: dequantize all + torch grouped GEMM
                 runs.append(("dequant_bf16", "dequant", None))
@@ -212,7 +212,7 @@ def print_tables(rows: list[dict]) -> None:
                   f"{fmt(b.get('grouped_mm_bf16'))} | " + " | ".join(ops_) + " | " + " | ".join(ratios)
                   + f" | {fmt(k4['floor']) if k4 else '-'} |")
         print(f"\n#### {scen} {shape}: paths (gemv (kbit: stream-K) / mma / op; kbit bf16: dequant + grouped_mm; "
-              "awq: wgmma)\n")
+              "Hopper: wgmma)\n")
         print("| tokens | " + " | ".join(fmts) + " |")
         print("|---" * (1 + len(fmts)) + "|")
         for t in sorted({r["tokens"] for r in sel}):

@@ -96,6 +96,8 @@ def test_kbit_grouped_all_paths(k, dtype, in_f, out_f, n_exp, gen):
         x = torch.randn(rows, in_f, device=DEV, dtype=dtype)
         want = _reference(x, w64, offs)
         runs = [("gemv", None), ("gemv_sk", None), ("gemv_slot", None)] + [("mma", bm) for bm in KBIT_BMS]
+        if cuda_ops.wgmma_ok(DEV, k):
+            runs += [("wgmma", r) for r in cuda_ops.WGMMA_ROW_TILES]  # the Hopper kernel, each row tile
         if dtype == torch.bfloat16:
             runs.append(("dequant", None))  # every expert dequantized + torch's grouped GEMM (bf16 prefill)
         for path, bm in runs:
@@ -108,7 +110,8 @@ def test_kbit_grouped_all_paths(k, dtype, in_f, out_f, n_exp, gen):
 @pytest.mark.parametrize("k", (3, 4))
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_kbit_grouped_deterministic_mode(k, dtype, gen, monkeypatch):
-    """KBIT_VLLM_DETERMINISTIC=1: the slot GEMV and the fixed-order split-K MMA, right and same bits."""
+    """KBIT_VLLM_DETERMINISTIC=1: the slot GEMV and the fixed-order split-K MMA and wgmma, right and
+    same bits."""
     monkeypatch.setenv("KBIT_VLLM_DETERMINISTIC", "1")
     in_f, out_f, n_exp = 2048, 384, 9
     pt, at, cb, w64 = _kbit_experts(n_exp, out_f, in_f, k)
@@ -116,7 +119,8 @@ def test_kbit_grouped_deterministic_mode(k, dtype, gen, monkeypatch):
         offs = _offsets(n_exp, rows, gen)
         x = torch.randn(rows, in_f, device=DEV, dtype=dtype)
         want = _reference(x, w64, offs)
-        for path, bm in [("gemv", None), ("gemv_sk", None)] + [("mma", bm) for bm in KBIT_BMS]:
+        wg = [("wgmma", 16), ("wgmma", 64)] if cuda_ops.wgmma_ok(DEV, k) else []
+        for path, bm in [("gemv", None), ("gemv_sk", None)] + [("mma", bm) for bm in KBIT_BMS] + wg:
             first = cuda_ops.grouped_path(x, pt, at, cb, offs, k, out_f, path, bm=bm,
                                           out=_poisoned(rows, out_f, dtype))
             _check(first, want, KBIT_TOL[dtype], f"rows={rows} {path} bm={bm}")
@@ -133,7 +137,8 @@ def test_kbit_grouped_many_experts_int64_offsets_fp32(gen):
         offs = _offsets(n_exp, rows, gen)
         x = torch.randn(rows, in_f, device=DEV, dtype=torch.float16)
         want = _reference(x, w64, offs)
-        for path, bm in (("gemv", None), ("gemv_sk", None), ("gemv_slot", None), ("mma", 16), ("mma", 128)):
+        wg = (("wgmma", 16), ("wgmma", 64)) if cuda_ops.wgmma_ok(DEV, k) else ()
+        for path, bm in (("gemv", None), ("gemv_sk", None), ("gemv_slot", None), ("mma", 16), ("mma", 128), *wg):
             y = cuda_ops.grouped_path(x, pt, at, cb, offs, k, out_f, path, bm=bm,
                                       out=_poisoned(rows, out_f, x.dtype))
             _check(y, want, KBIT_TOL[x.dtype], f"rows={rows} {path} bm={bm}")
@@ -227,7 +232,7 @@ def test_kbit_grouped_graph_replay(rows, deterministic, gen, monkeypatch):
 def test_grouped_dequant_path_dispatch_and_graph_replay(deterministic, gen, monkeypatch):
     """bf16 with more than dispatch.GROUPED_DEQUANT_MIN_ROWS expected rows per expert: the kbit and
     awq ops take the dequantize + grouped GEMM path, right, captured and replayed in a CUDA graph;
-    fp16 keeps the grouped MMA."""
+    fp16 keeps the grouped MMA (or, on Hopper, the grouped wgmma)."""
     from kbit_vllm.backends.cuda import dispatch, grouped_mm
 
     monkeypatch.setenv("KBIT_VLLM_DETERMINISTIC", "1" if deterministic else "0")

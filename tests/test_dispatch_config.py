@@ -118,3 +118,13 @@ def test_awq_grouped_wgmma_config() -> None:
         r, items, _ = awq_ops.grouped_wgmma_config(rows, n_exp, 1024, 256, sms)
         assert r in (16, 32, 64) and items * r >= rows
     assert awq_ops.grouped_wgmma_config(100, 8, 1024, 256, sms, tile_rows=32)[0] == 32
+
+
+def test_kbit_grouped_wgmma_rows() -> None:
+    """H200: the kbit grouped op takes the grouped wgmma kernel from 8 rows per expert, or 4 with
+    256 rows in all; elsewhere (and on other GPUs) the GEMV / MMA rules stand."""
+    assert dispatch.grouped_wgmma_rows(64, 8, (9, 0))         # seed 002 at 8 tokens: 8 rows per expert
+    assert not dispatch.grouped_wgmma_rows(32, 8, (9, 0))     # 4 rows per expert, 32 rows
+    assert dispatch.grouped_wgmma_rows(512, 128, (9, 0))      # Qwen3-MoE at 64 tokens: 4 per expert
+    assert not dispatch.grouped_wgmma_rows(128, 128, (9, 0))  # 1 row per expert: the GEMV
+    assert not dispatch.grouped_wgmma_rows(4096, 8, (8, 0))

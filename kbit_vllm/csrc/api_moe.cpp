@@ -23,6 +23,13 @@ int launch_grouped_mma(const void* x, const void* pt, const uint8_t* at, const f
                        int* counters, cudaStream_t s);
 }  // namespace kbit
 
+namespace kbit {
+template <typename T>
+int launch_grouped_wgmma(const void* x, const void* pt, const uint8_t* at, const float* cb, const int* offs, void* y,
+                         int k, int n_exp, int rows, int N, int nb, int rows_per_tile, int items, int splits,
+                         float* workspace, cudaStream_t stream);
+}  // namespace kbit
+
 namespace awq {
 template <typename T>
 int grouped_gemv(const void* x, const int32_t* wq, const void* sz, const int* offs, void* y, int n_exp, int rows,
@@ -60,6 +67,12 @@ extern "C" {
                                        int items, int splits, float* ws, int* counters, void* stream) {            \
         return kbit::launch_grouped_mma<T>(x, pt, at, cb, offs, y, k, n_exp, rows, N, nb, bm, items, splits, ws,   \
                                            counters, static_cast<cudaStream_t>(stream));                           \
+    }                                                                                                              \
+    int kbit_vllm_grouped_wgmma_##SUFFIX(const void* x, const void* pt, const uint8_t* at, const float* cb,       \
+                                         const int* offs, void* y, int k, int n_exp, int rows, int N, int nb,      \
+                                         int rows_per_tile, int items, int splits, float* ws, void* stream) {      \
+        return kbit::launch_grouped_wgmma<T>(x, pt, at, cb, offs, y, k, n_exp, rows, N, nb, rows_per_tile, items,  \
+                                             splits, ws, static_cast<cudaStream_t>(stream));                       \
     }                                                                                                              \
     int kbit_vllm_awq_grouped_gemv_##SUFFIX(const void* x, const int32_t* wq, const void* sz, const int* offs,    \
                                             void* y, int n_exp, int rows, int in, int out, int group, int slots,   \

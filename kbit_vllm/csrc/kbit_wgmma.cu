@@ -34,40 +34,12 @@
 //   (both m64 tiles) are one commit group with their own A registers; before decoding a half a
 //   warp waits until at most one group (the other half's) is pending, so the tensor cores run one
 //   half while the warp decodes the next.
-#include "kbit_mma_frag.cuh"
-#include "kbit_sk.cuh"
+#include "kbit_wgmma_tile.cuh"
 #include "pdl.cuh"
-#include "wgmma_ptx.cuh"
 
 namespace kbit {
 
 namespace {
-
-constexpr int kWgThreads = 256;        // 2 warpgroups
-constexpr int kWgBK = 2;               // quantization blocks per stage
-constexpr int kWgTW = 2;               // layout tiles per row tile (one per warpgroup)
-constexpr int kWgCols = kTileN * kWgTW;  // features per row tile
-constexpr int kWgLutWords = 256 * 32;  // compact pair table: one 128-byte row per pair code
-
-// Shared memory of the kernel for k = K with R x rows per row tile (the wgmma N: 16, 32 or 64; the
-// host picks the smallest that holds M, so a decode batch of 16 runs n16 wgmmas, not n64 on zero
-// rows). Smaller R leaves room for more slots (stages in flight) at 2 CTAs per SM.
-template <int K, int R>
-struct WgCfg {
-    static constexpr int kXBytes = R * kWgBK * 32 * 2;               // x rows of a stage (128-byte swizzled)
-    static constexpr int kSlots = R == 64 ? 4 : 6;                   // stage slots (x, weights, absmax)
-    static constexpr int kAhead = kSlots - 2;  // stages loaded ahead: the wgmmas read x until 2 stages later
-    static constexpr int kTileFloats = R * kWgCols;
-    static constexpr int kLutBytes = kWgLutWords * 4 + 256 * 4;   // pair table + scale table
-    static constexpr int kTileWords = kWgBK * K * kTileN;          // plane words of one layout tile per stage
-    static constexpr int kBWords = kWgTW * kTileWords;             // [tile][block][plane][128]
-    static constexpr int kAbsBytes = kWgTW * kWgBK * kTileN;       // [tile][block][128]
-    static constexpr int kSlotBytes = (kXBytes + kBWords * 4 + kAbsBytes + 1023) / 1024 * 1024;
-    static constexpr int kSlotsOff = (kLutBytes + 1023) / 1024 * 1024;
-    static constexpr int kBarOff = kSlotsOff + kSlots * kSlotBytes;  // one mbarrier per slot
-    static constexpr int kBytes = 1024 + kBarOff + kSlots * 8;      // + alignment to 1024 bytes
-    static_assert(kAhead >= 1 && kTileFloats == R * kWgCols, "a stage in flight at least");
-};
 
 template <typename T, int K, int R>
 __global__ void __launch_bounds__(kWgThreads, 2)
@@ -77,11 +49,11 @@ __global__ void __launch_bounds__(kWgThreads, 2)
                     int* __restrict__ counters) {
 #if defined(KBIT_WGMMA)
     using S = WgCfg<K, R>;
-    constexpr int kWgRows = R, kWgXBytes = S::kXBytes, kWgSlots = S::kSlots, kWgAhead = S::kAhead;
+    constexpr int kWgRows = R, kWgSlots = S::kSlots, kWgAhead = S::kAhead;
     constexpr int kJ = R / 8;  // 8-row accumulator groups
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = lane & 3, r8 = lane >> 2;
+    const int g = lane & 3;
     const int n_tiles = (N + kTileN - 1) / kTileN;
     const int n_rt = (n_tiles + kWgTW - 1) / kWgTW;  // row tiles along N
     const int m_tiles = (M + kWgRows - 1) / kWgRows;
@@ -108,17 +80,10 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     SkUnit lc = SkUnit::at(u0, nst, m_tiles);  // the next unit to load
     // Weights and absmax; the x box's bytes are expected here too (x follows in load_x).
     auto load_w = [&](const SkUnit& n, int slot) {
-        const uint32_t base = slots_s + static_cast<uint32_t>(slot * S::kSlotBytes), bar = bars + slot * 8;
-        const int jn = min(kWgBK, nb - n.st * kWgBK);  // blocks of this stage
-        const int tiles = min(kWgTW, n_tiles - n.t * kWgTW);
-        ptx::mbar_arrive_expect_tx(bar, static_cast<uint32_t>(kWgXBytes + tiles * jn * (K * kTileN * 4 + kTileN)));
-        for (int tw = 0; tw < tiles; ++tw) {
-            const size_t blk = static_cast<size_t>(n.t * kWgTW + tw) * nb + n.st * kWgBK;
-            ptx::bulk_copy(base + kWgXBytes + tw * S::kTileWords * 4, packed_t + blk * K * kTileN,
-                           static_cast<uint32_t>(jn * K * kTileN * 4), bar);
-            ptx::bulk_copy(base + kWgXBytes + S::kBWords * 4 + tw * kWgBK * kTileN, absmax_t + blk * kTileN,
-                           static_cast<uint32_t>(jn * kTileN), bar);
-        }
+        const size_t blk = static_cast<size_t>(n.t * kWgTW) * nb + n.st * kWgBK;
+        kw_load_w<K, R>(slots_s + static_cast<uint32_t>(slot * S::kSlotBytes), bars + slot * 8,
+                        packed_t + blk * K * kTileN, absmax_t + blk * kTileN, nb, min(kWgBK, nb - n.st * kWgBK),
+                        min(kWgTW, n_tiles - n.t * kWgTW));
     };
     auto load_x = [&](const SkUnit& n, int slot) {
         ptx::tma_load_2d(slots_s + static_cast<uint32_t>(slot * S::kSlotBytes), &tm_x, n.st * kWgBK * 32,
@@ -133,11 +98,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     // still run (PDL, pdl.cuh); x follows pdl_wait. The barrier after the build publishes the
     // tables and the initialized mbarriers.
     pdl_trigger();
-    build_wide_lut<K, T, kWgLutWords / 256>(tbl, codebook);  // compact: [256][32] words
-    {
-        const float sc = decode_e4m4_fast(static_cast<uint32_t>(tid));  // scale pair of absmax byte tid
-        tbl[kWgLutWords + tid] = pack2<T>(sc, sc);
-    }
+    kw_build_tables<K, T>(tbl, codebook, tid);
     __syncthreads();
     if (tid == 0) {
         SkUnit n = lc;
@@ -148,28 +109,10 @@ __global__ void __launch_bounds__(kWgThreads, 2)
         for (int s = 0; s < kWgAhead && u0 + s < u1; ++s, lc.next(nst, m_tiles)) load_x(lc, s);
     }
 
-    const uint32_t lane8 = static_cast<uint32_t>(lane) * 8u;  // wide_lut_off(.., lane8) / 2: 128-byte rows
-    const char* tblc = reinterpret_cast<const char*>(tbl);
-    const int tw = warp >> 2;                    // this warpgroup's layout tile in the row tile
-    const int c0 = 32 * (warp & 3) + 4 * r8;     // this lane's first feature in that layout tile
-    float acc[2][R / 2];                         // [m64 tile][fragment]
-    uint32_t a[2][2][4];                         // A fragments: [k16 half][m64 tile][register]
-    // This lane's plane words (features c0..c0 + 3) and absmax bytes of block blk of weight slot
-    // wslot; the next block's are read once this block's group words are formed, so their loads
-    // overlap this block's table lookups.
-    auto read_planes = [&](int wslot, int blk, uint4 (&pw)[K], uint32_t& ab) {
-        const unsigned char* base = stages + wslot * S::kSlotBytes + kWgXBytes;
-        const uint32_t* b_s = reinterpret_cast<const uint32_t*>(base) + tw * S::kTileWords;
-#pragma unroll
-        for (int b = 0; b < K; ++b) pw[b] = *reinterpret_cast<const uint4*>(b_s + (blk * K + b) * kTileN + c0);
-        ab = *reinterpret_cast<const uint32_t*>(base + S::kBWords * 4 + (tw * kWgBK + blk) * kTileN + c0);
-    };
-    auto fence_acc = [&]() {
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-            for (int r = 0; r < R / 2; ++r) ptx::reg_fence(acc[i][r]);
-    };
+    const KwLane L = KwLane::make(tid);
+    const int tw = L.tw, c0 = L.c0;
+    float acc[2][R / 2];  // [m64 tile][fragment]
+    uint32_t a[2][2][4];  // A fragments: [k16 half][m64 tile][register]
 
     int q = u0 / nst;  // row tile of the current segment
     bool seg_from_start = u0 == q * nst;
@@ -181,7 +124,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
 #pragma unroll
             for (int r = 0; r < R / 2; ++r) acc[i][r] = 0.f;
         for (; u < seg_end; ++u, ++it) {
-            const int slot = it % kWgSlots, wslot = slot;
+            const int slot = it % kWgSlots;
             ptx::mbar_wait(bars + slot * 8, static_cast<uint32_t>(it / kWgSlots) & 1u);  // stage it landed
             __syncthreads();  // every warp decoded stage it - 1 and its wgmmas of it - 2 are done
             if (tid == 0 && u + kWgAhead < u1) {
@@ -190,52 +133,11 @@ __global__ void __launch_bounds__(kWgThreads, 2)
                 load_x(lc, ls);
                 lc.next(nst, m_tiles);
             }
-            const uint64_t desc0 = ptx::wgmma_desc_sw128(slots_s + static_cast<uint32_t>(slot * S::kSlotBytes));
-            static_assert(kWgBK == 2, "two blocks per stage");
-            uint4 pw[K];
-            uint32_t ab;
-            read_planes(wslot, 0, pw, ab);
-#pragma unroll
-            for (int blk = 0; blk < kWgBK; ++blk) {
-                uint32_t gw[4], s2[4];  // rotr(group word, g) and the scale pair of features c0 + s
-#pragma unroll
-                for (int s = 0; s < 4; ++s) {
-                    uint32_t p[K];
-#pragma unroll
-                    for (int b = 0; b < K; ++b) p[b] = s == 0 ? pw[b].x : s == 1 ? pw[b].y : s == 2 ? pw[b].z : pw[b].w;
-                    gw[s] = rotr32(group_word<K>(p, g), g);
-                    s2[s] = tbl[kWgLutWords + __byte_perm(ab, 0u, 0x4440u | s)];
-                }
-                if (blk + 1 < kWgBK) read_planes(wslot, blk + 1, pw, ab);  // overlaps this block's decode
-                // One commit group per k16 half (both m64 tiles), A registers a[kk]: the group two back
-                // used them, so wait until at most one group (the previous half's) is pending.
-#pragma unroll
-                for (int kk = 0; kk < 2; ++kk) {
-                    ptx::wgmma_wait<1>();
-#pragma unroll
-                    for (int i = 0; i < 2; ++i)
-                        // m64 tile i, rows r8 / r8 + 8 = features c0 + 2i / c0 + 2i + 1: a0 / a1 at
-                        // inputs 2g, 2g + 1 of the k16 half (pair byte 2kk), a2 / a3 at 2g + 8, 2g + 9.
-#pragma unroll
-                        for (int h = 0; h < 2; ++h) {
-                            const int sf = 2 * i + h;
-                            const uint32_t o0 = wide_lut_off(gw[sf], 2 * kk, lane8) >> 1;
-                            const uint32_t o1 = wide_lut_off(gw[sf], 2 * kk + 1, lane8) >> 1;
-                            a[kk][i][h] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + o0), s2[sf]);
-                            a[kk][i][2 + h] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + o1), s2[sf]);
-                        }
-                    fence_acc();
-                    ptx::wgmma_fence();
-                    const uint64_t desc = desc0 + static_cast<uint64_t>((blk * 2 + kk) * 2);  // 32 bytes a k16 step
-#pragma unroll
-                    for (int i = 0; i < 2; ++i) ptx::wgmma_m64k16<T, R>(acc[i], a[kk][i], desc, 1);
-                    ptx::wgmma_commit();
-                    fence_acc();
-                }
-            }
+            kw_stage<T, K, R>(stages + slot * S::kSlotBytes, slots_s + static_cast<uint32_t>(slot * S::kSlotBytes), tbl, L,
+                              acc, a);
         }
         ptx::wgmma_wait<0>();
-        fence_acc();
+        kw_fence_acc<R>(acc);
 
         // End of this CTA's segment of row tile q. acc[i][4j + h]: feature f0 + 2i, x row 8j + 2g + h
         // of the tile; acc[i][4j + 2 + h]: feature f0 + 2i + 1, the same row.

@@ -281,23 +281,9 @@ def grouped_mma_config(rows: int, n_exp: int, in_f: int, out_f: int, sms: int,
 
 def grouped_wgmma_config(rows: int, n_exp: int, in_f: int, out_f: int, sms: int,
                          tile_rows: int | None = None) -> tuple[int, int, int]:
-    """(tile_rows, items, splits) of the grouped wgmma kernel: the row tile that holds the expected
-    rows per active expert (ops.wgmma_tile_rows), the grid's work-item bound, and K splits toward
-    two CTAs per SM; past half an SM's worth of CTAs only while the fp32 partials move at most a
-    quarter of the weight bytes. H200 (bench_moe.py, µs split / unsplit): seed 002's 2048x512 at
-    64 tokens, 16 CTAs, 12.6 / 30.2, at 256 tokens, 64 CTAs, 25.0 / 30.4 (partials 5x the weights,
-    still a win), at 512 tokens, 128 CTAs, 43.0 / 30.6; its 512x2048 at 256 tokens, 256 CTAs,
-    36.8 / 13.4; qwen128 gate at 8 tokens, 168 CTAs, small partials, 25.0 / 31.3."""
-    active = max(1, min(n_exp, rows))
-    per = dispatch.grouped_rows_per_expert(rows, n_exp)
-    r = tile_rows or wgmma_tile_rows(per)
-    items = (rows + active * (r - 1)) // r
-    tiles = active * -(-per // r) * -(-out_f // WGMMA_TILE_COLS)
-    stages = -(-in_f // WGMMA_STAGE_INPUTS)
-    splits = max(1, min(-(-2 * sms // tiles), stages // 4, 16)) if tiles < 2 * sms else 1
-    if tiles > sms // 2 and 4 * (splits * rows * out_f * 4) > active * in_f * out_f // 2:
-        splits = 1
-    return r, items, splits
+    """(tile_rows, items, splits) of the grouped wgmma kernel (dispatch.grouped_wgmma_config, 4-bit
+    weights)."""
+    return dispatch.grouped_wgmma_config(rows, n_exp, in_f, out_f, sms, 4, tile_rows)
 
 
 def grouped_path(x2: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, offsets: torch.Tensor, group_size: int,

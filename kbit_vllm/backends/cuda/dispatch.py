@@ -89,6 +89,39 @@ WGMMA_ROWS: dict[tuple[int, int], tuple[int, int]] = {
 }
 
 
+# x rows per row tile (the wgmma N) that every wgmma kernel (dense and grouped, kbit and awq) is
+# built for.
+WGMMA_ROW_TILES = (16, 32, 64)
+
+
+def wgmma_tile_rows(m: int) -> int:
+    """x rows per row tile of the wgmma kernels: the smallest built wgmma N that holds m (past 64
+    rows, more row tiles), so a batch of 16 runs n16 wgmmas, not n64 over 48 rows of zeros."""
+    return next((r for r in WGMMA_ROW_TILES if m <= r), WGMMA_ROW_TILES[-1])
+
+
+def grouped_wgmma_config(rows: int, n_exp: int, in_f: int, out_f: int, sms: int, bits: int,
+                         tile_rows: int | None = None) -> tuple[int, int, int]:
+    """(tile_rows, items, splits) of the grouped wgmma kernels (kbit and awq; 256-feature row
+    tiles): the row tile that holds the expected rows per active expert, the grid's work-item
+    bound, and K splits toward two CTAs per SM; past half an SM's worth of CTAs only while the fp32
+    partials move at most a quarter of the weight bytes. H200 awq (bench_moe.py, µs split /
+    unsplit): seed 002's 2048x512 at 64 tokens, 16 CTAs, 12.6 / 30.2, at 256 tokens, 64 CTAs, 25.0
+    / 30.4 (partials 5x the weights, still a win), at 512 tokens, 128 CTAs, 43.0 / 30.6; its
+    512x2048 at 256 tokens, 256 CTAs, 36.8 / 13.4; qwen128 gate at 8 tokens, 168 CTAs, small
+    partials, 25.0 / 31.3."""
+    active = max(1, min(n_exp, rows))
+    per = grouped_rows_per_expert(rows, n_exp)
+    r = tile_rows or wgmma_tile_rows(per)
+    items = (rows + active * (r - 1)) // r
+    tiles = active * -(-per // r) * -(-out_f // 256)
+    stages = -(-in_f // 64)
+    splits = max(1, min(-(-2 * sms // tiles), stages // 4, 16)) if tiles < 2 * sms else 1
+    if tiles > sms // 2 and 4 * (splits * rows * out_f * 4) > active * in_f * out_f * bits // 8:
+        splits = 1
+    return r, items, splits
+
+
 def choose_path(m: int, capability: tuple[int, int], weights: int | None = None, k: int = 4,
                 wgmma: bool = False) -> str:
     """'gemv', 'mma', 'wgmma' or 'dequant' for an activation with m rows of a k-bit layer (weights:
@@ -185,6 +218,23 @@ def choose_grouped_path(rows: int, n_exp: int, capability: tuple[int, int]) -> s
     still go to dequantize + grouped GEMM: grouped_mm.prefers_dequant)."""
     gemv_max = GROUPED_GEMV_MAX.get(capability, GROUPED_DEFAULT)
     return "gemv" if grouped_rows_per_expert(rows, n_exp) <= gemv_max else "mma"
+
+
+# Where the kbit grouped op takes the Hopper grouped wgmma kernel (k <= 4, ops.wgmma_ok): any
+# (rows per expert at least, total rows at least) entry met. H200 session 10, bench_moe.py k=4 fp16,
+# gate + down µs, op before (GEMV / MMA) -> wgmma: seed8 (8 experts 2048x512 / 512x2048) T=4 (4
+# rows per expert) 16.8 -> 20.0, T=8 25.0 -> 20.3, T=16 29.8 -> 21.4, T=64 36.0 -> 30.1, T=512
+# 103.5 -> 64.0; qwen128 (128 experts 2048x768 / 768x2048) T=16 (1 row per expert) 85.4 -> 96.2,
+# T=64 (4, 512 rows) 163.2 -> 134.8, T=256 (16) 191.2 -> 203.4, T=512 (32) 275.1 -> 215.1, T=1024
+# 408.5 -> 250.6.
+GROUPED_WGMMA_ROWS: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {(9, 0): ((8, 0), (4, 256))}
+
+
+def grouped_wgmma_rows(rows: int, n_exp: int, capability: tuple[int, int]) -> bool:
+    """Whether a kbit grouped op over rows x rows and n_exp experts has the rows for the grouped
+    wgmma kernel (where it can run) on this compute capability (GROUPED_WGMMA_ROWS)."""
+    per = grouped_rows_per_expert(rows, n_exp)
+    return any(per >= p and rows >= r for p, r in GROUPED_WGMMA_ROWS.get(capability, ()))
 
 
 def pick_bm(rows_per_expert: int, table: tuple[tuple[int, int], ...], largest: int) -> int:

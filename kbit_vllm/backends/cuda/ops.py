@@ -162,7 +162,8 @@ def mma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int,
 
 
 # Row tile of the Hopper kernel (csrc/kbit_wgmma.cu); dispatch.WGMMA_ROWS is the range of M it serves.
-WGMMA_ROW_TILES = (16, 32, 64)  # x rows per row tile (the wgmma N) both wgmma kernels are built for
+WGMMA_ROW_TILES = dispatch.WGMMA_ROW_TILES  # x rows per row tile (the wgmma N) of the wgmma kernels
+wgmma_tile_rows = dispatch.wgmma_tile_rows
 WGMMA_TILE_COLS = 256  # features per row tile (two 128-feature layout tiles)
 WGMMA_STAGE_BLOCKS = 2  # quantization blocks per stream-K work unit there
 _WG_OCC: dict[tuple[int, int, str, int], int] = {}
@@ -180,13 +181,6 @@ def wgmma_ok(dev: torch.device | str, k: int) -> bool:
     if idx not in _WG_DEV:
         _WG_DEV[idx] = "sm_90a" in STATUS.archs and torch.cuda.get_device_capability(idx) == (9, 0)
     return _WG_DEV[idx]
-
-
-def wgmma_tile_rows(m: int) -> int:
-    """x rows per row tile of the wgmma kernels (kbit and awq): the smallest built wgmma N that
-    holds m (past 64 rows, more row tiles), so a batch of 16 runs n16 wgmmas, not n64 over 48 rows
-    of zeros."""
-    return next((r for r in WGMMA_ROW_TILES if m <= r), WGMMA_ROW_TILES[-1])
 
 
 def wgmma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int) -> tuple[int, int, int]:
@@ -426,7 +420,8 @@ def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
     experts (k <= 4, outside deterministic mode) unless few experts' weights are read
     (dispatch.grouped_slot_gemv), else the slot GEMV; "gemv_sk" / "gemv_slot" name one of them
     (gemv_sk falls back as gemv does where stream-K is not usable); "mma" the grouped MMA (row tile
-    bm, default by the expected rows per expert). Public so tests and benchmarks can run every
+    bm, default by the expected rows per expert); "wgmma" the Hopper kernel (k <= 4, wgmma_ok; bm
+    its row tile of 16, 32 or 64). Public so tests and benchmarks can run every
     path; out, if given, receives the result (tests poison it).
     """
     rows, in_f = x2.shape
@@ -460,6 +455,17 @@ def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
         return y
     if path == "dequant":
         return _grouped_dequant_mm(x2, packed_tiled, absmax_tiled, codebook, offsets, k, out_features, y)
+    if path == "wgmma":
+        if not wgmma_ok(dev, k):
+            raise ValueError(f"kbit_grouped_linear wgmma path takes k <= 4 on compute capability 9.0 with an sm_90a "
+                             f"library, got k={k} on {torch.cuda.get_device_capability(dev)}")
+        r, items, splits = dispatch.grouped_wgmma_config(rows, n_exp, in_f, out_features, _sms(dev), k, bm)
+        ws = scratch(dev, "partials", splits * rows * out_features) if splits > 1 else None
+        check(getattr(LIB, f"kbit_vllm_grouped_wgmma_{sfx}")(
+            _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(offsets), _ptr(y), _i(k),
+            _i(n_exp), _i(rows), _i(out_features), _i(nb), _i(r), _i(items), _i(splits), _ptr(ws), stream),
+              "kbit_grouped_linear (wgmma)")
+        return y
     if path != "mma":
         raise ValueError(f"unknown kbit_grouped_linear path {path!r}")
     bm, items, splits = grouped_mma_config(rows, n_exp, out_features, nb, _sms(dev), bm,
@@ -509,7 +515,9 @@ def kbit_grouped_linear(x: torch.Tensor, packed_tiled: torch.Tensor, absmax_tile
     dev = x.device
     cap = torch.cuda.get_device_capability(dev)
     path = dispatch.choose_grouped_path(x2.shape[0], packed_tiled.shape[0], cap)
-    if path == "mma" and prefers_dequant(x2.shape[0], packed_tiled.shape[0], x2.dtype, cap, out_features):
+    if dispatch.grouped_wgmma_rows(x2.shape[0], packed_tiled.shape[0], cap) and wgmma_ok(dev, k):
+        path = "wgmma"  # its split-K sums in a fixed order: deterministic mode keeps it
+    if path != "gemv" and prefers_dequant(x2.shape[0], packed_tiled.shape[0], x2.dtype, cap, out_features):
         path = "dequant"
     with torch.cuda.device(dev):
         return grouped_path(x2, packed_tiled.contiguous(), absmax_tiled.contiguous(), codebook.contiguous(),

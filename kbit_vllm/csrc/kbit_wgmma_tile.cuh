@@ -1,0 +1,158 @@
+// Pieces shared by the kbit Hopper wgmma kernels (kbit_wgmma.cu, dense stream-K, and
+// kbit_grouped_wgmma.cu, MoE): the tile and slot sizes, the shared tables, the loads of a stage
+// and the decode + wgmma of one landed stage. The design is described in kbit_wgmma.cu's header.
+#pragma once
+#include "kbit_mma_frag.cuh"
+#include "kbit_sk.cuh"
+#include "wgmma_ptx.cuh"
+
+namespace kbit {
+
+constexpr int kWgThreads = 256;        // 2 warpgroups
+constexpr int kWgBK = 2;               // quantization blocks per stage
+constexpr int kWgTW = 2;               // layout tiles per row tile (one per warpgroup)
+constexpr int kWgCols = kTileN * kWgTW;  // features per row tile
+constexpr int kWgLutWords = 256 * 32;  // compact pair table: one 128-byte row per pair code
+
+// Shared memory of the kernel for k = K with R x rows per row tile (the wgmma N: 16, 32 or 64; the
+// host picks the smallest that holds M, so a decode batch of 16 runs n16 wgmmas, not n64 on zero
+// rows). Smaller R leaves room for more slots (stages in flight) at 2 CTAs per SM.
+template <int K, int R>
+struct WgCfg {
+    static constexpr int kXBytes = R * kWgBK * 32 * 2;               // x rows of a stage (128-byte swizzled)
+    static constexpr int kSlots = R == 64 ? 4 : 6;                   // stage slots (x, weights, absmax)
+    static constexpr int kAhead = kSlots - 2;  // stages loaded ahead: the wgmmas read x until 2 stages later
+    static constexpr int kTileFloats = R * kWgCols;
+    static constexpr int kLutBytes = kWgLutWords * 4 + 256 * 4;   // pair table + scale table
+    static constexpr int kTileWords = kWgBK * K * kTileN;          // plane words of one layout tile per stage
+    static constexpr int kBWords = kWgTW * kTileWords;             // [tile][block][plane][128]
+    static constexpr int kAbsBytes = kWgTW * kWgBK * kTileN;       // [tile][block][128]
+    static constexpr int kSlotBytes = (kXBytes + kBWords * 4 + kAbsBytes + 1023) / 1024 * 1024;
+    static constexpr int kSlotsOff = (kLutBytes + 1023) / 1024 * 1024;
+    static constexpr int kBarOff = kSlotsOff + kSlots * kSlotBytes;  // one mbarrier per slot
+    static constexpr int kBytes = 1024 + kBarOff + kSlots * 8;      // + alignment to 1024 bytes
+    static_assert(kAhead >= 1 && kTileFloats == R * kWgCols, "a stage in flight at least");
+};
+
+// Per-lane constants: warp w of a warpgroup owns features 32w..32w+31 of the warpgroup's layout
+// tile (kbit_wgmma.cu's header has the layout).
+struct KwLane {
+    int g;           // lane % 4: the layout's group of the lane
+    int tw;          // this warpgroup's layout tile in the row tile
+    int c0;          // this lane's first feature in that layout tile (4 adjacent ones)
+    uint32_t lane8;  // wide_lut_off(.., lane8) / 2: the lane's copy in the 128-byte table rows
+    __device__ __forceinline__ static KwLane make(int tid) {
+        const int lane = tid & 31, warp = tid >> 5;
+        KwLane L;
+        L.g = lane & 3;
+        L.tw = warp >> 2;
+        L.c0 = 32 * (warp & 3) + 4 * (lane >> 2);
+        L.lane8 = static_cast<uint32_t>(lane) * 8u;
+        return L;
+    }
+};
+
+// The compact pair table ([256][32] words) and the scale-pair table of all 256 absmax bytes, built
+// by the CTA's 256 threads (the caller's barrier publishes them).
+template <int K, typename T>
+__device__ __forceinline__ void kw_build_tables(uint32_t* tbl, const float* __restrict__ codebook, int tid) {
+    build_wide_lut<K, T, kWgLutWords / 256>(tbl, codebook);
+    const float sc = decode_e4m4_fast(static_cast<uint32_t>(tid));  // scale pair of absmax byte tid
+    tbl[kWgLutWords + tid] = pack2<T>(sc, sc);
+}
+
+template <int R>
+__device__ __forceinline__ void kw_fence_acc(float (&acc)[2][R / 2]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int r = 0; r < R / 2; ++r) ptx::reg_fence(acc[i][r]);
+}
+
+// This lane's plane words (features c0..c0 + 3) and absmax bytes of block blk of the landed slot at
+// generic pointer slot (slot layout: [x][plane words][absmax]).
+template <int K, int R>
+__device__ __forceinline__ void kw_read_planes(const unsigned char* slot, const KwLane& L, int blk, uint4 (&pw)[K],
+                                               uint32_t& ab) {
+    using S = WgCfg<K, R>;
+    const unsigned char* base = slot + S::kXBytes;
+    const uint32_t* b_s = reinterpret_cast<const uint32_t*>(base) + L.tw * S::kTileWords;
+#pragma unroll
+    for (int b = 0; b < K; ++b) pw[b] = *reinterpret_cast<const uint4*>(b_s + (blk * K + b) * kTileN + L.c0);
+    ab = *reinterpret_cast<const uint32_t*>(base + S::kBWords * 4 + (L.tw * kWgBK + blk) * kTileN + L.c0);
+}
+
+#if defined(KBIT_WGMMA)
+// Weights and absmax of one stage into the slot at shared address base, counted on bar with the
+// stage's x box: `tiles` layout tiles (1 or 2) whose first tile's stage starts at packed / absmax,
+// later tiles nb blocks further; jn blocks (1 or 2). A layout tile or block not copied keeps stale
+// finite words that meet zero x or feed outputs never stored.
+template <int K, int R>
+__device__ __forceinline__ void kw_load_w(uint32_t base, uint32_t bar, const uint32_t* packed, const uint8_t* absmax,
+                                          int nb, int jn, int tiles) {
+    using S = WgCfg<K, R>;
+    ptx::mbar_arrive_expect_tx(bar, static_cast<uint32_t>(S::kXBytes + tiles * jn * (K * kTileN * 4 + kTileN)));
+    for (int tw = 0; tw < tiles; ++tw) {
+        const size_t blk = static_cast<size_t>(tw) * nb;
+        ptx::bulk_copy(base + S::kXBytes + tw * S::kTileWords * 4, packed + blk * K * kTileN,
+                       static_cast<uint32_t>(jn * K * kTileN * 4), bar);
+        ptx::bulk_copy(base + S::kXBytes + S::kBWords * 4 + tw * kWgBK * kTileN, absmax + blk * kTileN,
+                       static_cast<uint32_t>(jn * kTileN), bar);
+    }
+}
+
+// Decodes one landed stage (slot at generic pointer slot, shared address slot_s) into A fragments
+// and issues its 4 k16 halves as one commit group each (both m64 tiles): acc[i] += W x^T. Before
+// decoding a half the warp waits until at most one group (the previous half's) is pending. The
+// caller waits for all groups (wgmma_wait<0>) before it reads acc.
+template <typename T, int K, int R>
+__device__ __forceinline__ void kw_stage(const unsigned char* slot, uint32_t slot_s, const uint32_t* tbl,
+                                         const KwLane& L, float (&acc)[2][R / 2], uint32_t (&a)[2][2][4]) {
+    const char* tblc = reinterpret_cast<const char*>(tbl);
+    const uint64_t desc0 = ptx::wgmma_desc_sw128(slot_s);
+    static_assert(kWgBK == 2, "two blocks per stage");
+    uint4 pw[K];
+    uint32_t ab;
+    kw_read_planes<K, R>(slot, L, 0, pw, ab);
+#pragma unroll
+    for (int blk = 0; blk < kWgBK; ++blk) {
+        uint32_t gw[4], s2[4];  // rotr(group word, g) and the scale pair of features c0 + s
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+            uint32_t p[K];
+#pragma unroll
+            for (int b = 0; b < K; ++b) p[b] = s == 0 ? pw[b].x : s == 1 ? pw[b].y : s == 2 ? pw[b].z : pw[b].w;
+            gw[s] = rotr32(group_word<K>(p, L.g), L.g);
+            s2[s] = tbl[kWgLutWords + __byte_perm(ab, 0u, 0x4440u | s)];
+        }
+        if (blk + 1 < kWgBK) kw_read_planes<K, R>(slot, L, blk + 1, pw, ab);  // overlaps this block's decode
+        // One commit group per k16 half (both m64 tiles), A registers a[kk]: the group two back
+        // used them, so wait until at most one group (the previous half's) is pending.
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+            ptx::wgmma_wait<1>();
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+                // m64 tile i, rows r8 / r8 + 8 = features c0 + 2i / c0 + 2i + 1: a0 / a1 at
+                // inputs 2g, 2g + 1 of the k16 half (pair byte 2kk), a2 / a3 at 2g + 8, 2g + 9.
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int sf = 2 * i + h;
+                    const uint32_t o0 = wide_lut_off(gw[sf], 2 * kk, L.lane8) >> 1;
+                    const uint32_t o1 = wide_lut_off(gw[sf], 2 * kk + 1, L.lane8) >> 1;
+                    a[kk][i][h] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + o0), s2[sf]);
+                    a[kk][i][2 + h] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + o1), s2[sf]);
+                }
+            kw_fence_acc<R>(acc);
+            ptx::wgmma_fence();
+            const uint64_t desc = desc0 + static_cast<uint64_t>((blk * 2 + kk) * 2);  // 32 bytes a k16 step
+#pragma unroll
+            for (int i = 0; i < 2; ++i) ptx::wgmma_m64k16<T, R>(acc[i], a[kk][i], desc, 1);
+            ptx::wgmma_commit();
+            kw_fence_acc<R>(acc);
+        }
+    }
+}
+#endif
+
+}  // namespace kbit
