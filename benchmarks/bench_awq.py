@@ -4,8 +4,9 @@ Same method as bench_kbit.py (whose timing helpers it uses): CUDA-graph replay o
 of rotated weight copies, median per call. Floor = (int4 weights + fp16 scales + int4 zeros,
 the AWQ checkpoint's bytes, + x + y) / measured HBM bandwidth.
 
-GEMV columns: "stream-K" (csrc/awq_gemv_sk.cu, M <= 4) and "warp" (csrc/awq_gemv.cu, M <= 8, the
-deterministic one); "op" is awq_linear's own choice between them and the other kernels.
+GEMV columns: "stream-K" (csrc/awq_gemv_sk.cu, M <= 4), "warp" (csrc/awq_gemv.cu, M <= 8, the
+deterministic one) and "tensor core" (csrc/awq_gemv_tc.cu, Hopper, M <= 8); "op" is awq_linear's
+own choice between them and the other kernels.
 
 Usage (GPU machine, repo root): python benchmarks/bench_awq.py [--json PATH] [--quick] [--ms 1,4]
     [--dtype bfloat16]
@@ -27,11 +28,12 @@ from bench_kbit import LLAMA, MS, SEED_DENSE, fmt, make_tinygemm, n_copies, star
 
 from kbit_vllm import ops  # noqa: E402
 from kbit_vllm.backends.cuda import awq_ops  # noqa: E402
+from kbit_vllm.backends.cuda.cargs import SUFFIX  # noqa: E402
 from kbit_vllm.backends.cuda.ops import wgmma_ok  # noqa: E402
 from kbit_vllm.formats import quantize_awq_rtn  # noqa: E402
 
 GROUP = 128
-GEMV_PATHS = ("gemv_sk", "gemv_warp")
+GEMV_PATHS = ("gemv_sk", "gemv_warp", "gemv_tc")
 
 
 def bench_shape(name: str, in_f: int, out_f: int, ms: list[int], bw: float, cap: int,
@@ -50,7 +52,8 @@ def bench_shape(name: str, in_f: int, out_f: int, ms: list[int], bw: float, cap:
         r: dict = {"shape": name, "in": in_f, "out": out_f, "M": m}
         sk = m <= awq_ops.SK_MAX_M and awq_ops.gemv_sk_units(in_f, out_f) >= awq_ops.SK_WARPS
         wg = ["wgmma"] if wgmma_ok(x.device, 4) else []
-        for path in (["gemv_sk"] if sk else []) + (["gemv_warp"] if m <= 8 else []) + ["mma", *wg, "dequant"]:
+        tc = ["gemv_tc"] if awq_ops.gemv_tc_ctas(x.device, SUFFIX[dt], m, in_f, out_f) > 0 else []
+        for path in (["gemv_sk"] if sk else []) + (["gemv_warp"] if m <= 8 else []) + tc + ["mma", *wg, "dequant"]:
             try:
                 r[path] = time_graph([
                     (lambda c=c, p=path, x=x: awq_ops.linear_path(x, c[0], c[1], None, GROUP, out_f, p))
@@ -73,14 +76,16 @@ def bench_shape(name: str, in_f: int, out_f: int, ms: list[int], bw: float, cap:
 def print_tables(rows: list[dict], dtype: str = "fp16") -> None:
     for m in sorted({r["M"] for r in rows}):
         print(f"\n### awq_orin, M = {m} (µs per call, group {GROUP}, {dtype})\n")
-        print(f"| shape (in x out) | gemv (stream-K) | gemv (warp) | mma | wgmma | dequant+cuBLAS | op | "
-              f"cuBLAS {dtype} | tinygemm int4 | best | vs cuBLAS | vs tinygemm | floor | best/floor |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        print(f"| shape (in x out) | gemv (stream-K) | gemv (warp) | gemv (tensor core) | mma | wgmma | "
+              f"dequant+cuBLAS | op | cuBLAS {dtype} | tinygemm int4 | best | vs cuBLAS | vs tinygemm | floor | "
+              "best/floor |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in (r for r in rows if r["M"] == m):
             best = min(r[p] for p in (*GEMV_PATHS, "mma", "wgmma", "dequant") if p in r)
             tg = r.get("tinygemm_int4")
             print(f"| {r['shape']} {r['in']}x{r['out']} | {fmt(r.get('gemv_sk'))} | {fmt(r.get('gemv_warp'))} | "
-                  f"{fmt(r.get('mma'))} | {fmt(r.get('wgmma'))} | {fmt(r.get('dequant'))} | {fmt(r['op'])} | "
+                  f"{fmt(r.get('gemv_tc'))} | {fmt(r.get('mma'))} | {fmt(r.get('wgmma'))} | {fmt(r.get('dequant'))} | "
+                  f"{fmt(r['op'])} | "
                   f"{fmt(r['cublas_fp16'])} | {fmt(tg)} | {best:.1f} | {r['cublas_fp16'] / best:.2f}x | "
                   f"{'-' if tg is None else f'{tg / best:.2f}x'} | {r['floor']:.1f} | {best / r['floor']:.2f} |")
 

@@ -225,6 +225,84 @@ def test_gemv_sk_nonfinite_rows(dtype: torch.dtype, m: int, in_f: int, out_f: in
     _check(awq_ops.linear_path(x2, wq, sz, None, 128, out_f, "gemv_sk"), x2, w64, None, dtype, "after non-finite")
 
 
+# --- Hopper tensor-core GEMV (csrc/awq_gemv_tc.cu; stream-K unit = 64 outputs x 64 inputs, M <= 8) ----
+# (in, out): a half unit at the end of K (2720) with a partial last tile (1000 = 15 x 64 + 40);
+# a few units per warp (320 x 264); one tile's K split over many warps (14336 x 256); many tiles.
+TC_SHAPES = ((2720, 1000), (320, 264), (14336, 256), (4096, 4096))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("gs", (32, 64, 128))
+@pytest.mark.parametrize("in_f,out_f", TC_SHAPES)
+def test_gemv_tc_matches_reference(dtype: torch.dtype, gs: int, in_f: int, out_f: int) -> None:
+    """The tensor-core GEMV against float64 for M = 1..8, with and without bias, on outputs
+    poisoned with NaN first; twice per M (the stream-K scratch must be left zeroed)."""
+    if not _wgmma_ok():
+        pytest.skip("the tensor-core GEMV needs compute capability 9.0 and an sm_90a library")
+    if in_f % gs:
+        pytest.skip(f"in {in_f} is no multiple of group {gs}")
+    wq, sz, w64 = _awq_layer(out_f, in_f, gs, dtype)
+    bias = torch.randn(out_f, device="cuda", dtype=dtype)
+    for m in range(1, 9):
+        b = bias if m % 2 else None
+        for rep in range(2):
+            x = torch.randn(m, in_f, device="cuda", dtype=dtype)
+            poison_allocator(m * out_f * 2)
+            _check(awq_ops.linear_path(x, wq, sz, b, gs, out_f, "gemv_tc"), x, w64, b, dtype,
+                   f"gemv_tc M={m} gs={gs} call {rep}")
+
+
+def test_gemv_tc_rejects_what_it_cannot_run() -> None:
+    wq, sz, _ = _awq_layer(256, 512, 128, torch.float16)
+    with pytest.raises(ValueError, match="gemv_tc"):  # M <= 8 only
+        awq_ops.linear_path(torch.randn(9, 512, device="cuda", dtype=torch.float16), wq, sz, None, 128, 256,
+                            "gemv_tc")
+    wq, sz, _ = _awq_layer(8, 128, 128, torch.float16)
+    with pytest.raises(ValueError, match="gemv_tc"):  # 2 units: fewer than one CTA's 8 warps
+        awq_ops.linear_path(torch.randn(1, 128, device="cuda", dtype=torch.float16), wq, sz, None, 128, 8,
+                            "gemv_tc")
+
+
+@pytest.mark.parametrize("m", (2, 4))
+def test_gemv_tc_op_dispatch_and_graph_replay(monkeypatch, m: int) -> None:
+    """Where awq_ops.TC_RULES say so (a 59 M-weight layer at M = 2..4) the op runs the tensor-core
+    GEMV: same values as the forced path up to float-atomic order, right on every CUDA-graph replay
+    (scratch left zeroed) and on new x; deterministic mode runs another kernel, bit-stable."""
+    if not _wgmma_ok():
+        pytest.skip("the tensor-core GEMV needs compute capability 9.0 and an sm_90a library")
+    monkeypatch.setenv("KBIT_VLLM_DETERMINISTIC", "0")
+    dtype, in_f, out_f = torch.float16, 14336, 4096
+    wq, sz, w64 = _awq_layer(out_f, in_f, 128, dtype)
+    assert awq_ops.choose_path(m, (9, 0), True, in_f * out_f) == "gemv_tc"
+    x = torch.randn(m, in_f, device="cuda", dtype=dtype)
+    bias = torch.randn(out_f, device="cuda", dtype=dtype)
+    eager = ops.awq_linear(x, wq, sz, bias, 128, out_f)
+    _check(eager, x, w64, bias, dtype, "op")
+    forced = awq_ops.linear_path(x, wq, sz, bias, 128, out_f, "gemv_tc")
+    assert (eager.double() - forced.double()).abs().max() <= 1e-2 * forced.double().abs().max()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        ops.awq_linear(x, wq, sz, bias, 128, out_f)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = ops.awq_linear(x, wq, sz, bias, 128, out_f)
+    for _ in range(3):
+        y.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        _check(y, x, w64, bias, dtype, "replay")
+    x.copy_(torch.randn_like(x))
+    g.replay()
+    torch.cuda.synchronize()
+    _check(y, x, w64, bias, dtype, "replay with new x")
+    monkeypatch.setenv("KBIT_VLLM_DETERMINISTIC", "1")
+    first = ops.awq_linear(x, wq, sz, bias, 128, out_f)
+    assert torch.equal(first, ops.awq_linear(x, wq, sz, bias, 128, out_f))
+    _check(first, x, w64, bias, dtype, "deterministic")
+
+
 # --- Hopper wgmma kernel (csrc/awq_wgmma.cu; stream-K unit = 256 outputs x 64 rows x 64 inputs) ----
 # (in, out): a half stage at the end of K (320, 2720: in % 64 == 32) and outputs past the last
 # 256-output row tile (264, 1000); one row tile split over many CTAs (14336 x 256); many row

@@ -74,11 +74,15 @@ def test_awq_wgmma_rules() -> None:
     entry the layer is above) where it can run; elsewhere DISPATCH stands."""
     from kbit_vllm.backends.cuda import awq_ops
 
+    def tc(m: int, w: int) -> bool:  # the tensor-core GEMV's rules come first
+        rule = next((r for r in awq_ops.TC_RULES[(9, 0)] if w > r[0]), None)
+        return rule is not None and rule[1] <= m <= rule[2]
+
     rules = awq_ops.WGMMA_RULES[(9, 0)]
     for above, first, last in rules:
         w = above + 1
-        assert awq_ops.choose_path(first, (9, 0), True, w) == "wgmma"
-        assert awq_ops.choose_path(last, (9, 0), True, w) == "wgmma"
+        for m in (first, last):
+            assert awq_ops.choose_path(m, (9, 0), True, w) == ("gemv_tc" if tc(m, w) else "wgmma")
         assert awq_ops.choose_path(first - 1, (9, 0), True, w) in ("gemv", "mma")
         assert awq_ops.choose_path(last + 1, (9, 0), True, w) in ("mma", "dequant")
         assert awq_ops.choose_path(first, (9, 0), False, w) != "wgmma"
@@ -86,7 +90,7 @@ def test_awq_wgmma_rules() -> None:
     smallest = min(r[0] for r in rules)
     assert all(awq_ops.choose_path(m, (9, 0), True, smallest) != "wgmma" for m in range(1, 1025))
     assert all(awq_ops.choose_path(1, (9, 0), True, w) == "gemv" for w in (1 << 20, 4096 * 28672))
-    assert awq_ops.choose_path(4, (9, 0), True, 4096 * 28672) == "wgmma"   # Llama-3-8B gate/up, batch 4
+    assert awq_ops.choose_path(4, (9, 0), True, 4096 * 28672) == "gemv_tc"   # Llama-3-8B gate/up, batch 4
     assert awq_ops.choose_path(4, (9, 0), False, 4096 * 28672) == "gemv"
     assert awq_ops.choose_path(64, (9, 0), True, 4096 * 28672) == "wgmma"
     assert awq_ops.choose_path(16, (9, 0), True, 4096 * 4096) == "wgmma"   # o_proj at batch 16
@@ -101,6 +105,23 @@ def test_wgmma_tile_rows() -> None:
     assert ops.WGMMA_ROW_TILES == (16, 32, 64)
     expect = {1: 16, 2: 16, 16: 16, 17: 32, 32: 32, 33: 64, 64: 64, 65: 64, 1000: 64}
     assert {m: ops.wgmma_tile_rows(m) for m in expect} == expect
+
+
+def test_awq_tensor_core_gemv_rules() -> None:
+    """H200: the tensor-core GEMV takes M = 2..8 on layers above 100 M weights and M = 2..4 above
+    48 M, before the wgmma rules; nowhere without the Hopper kernels or at M = 1."""
+    from kbit_vllm.backends.cuda import awq_ops
+
+    gate_up, down, qkv = 4096 * 28672, 14336 * 4096, 4096 * 6144
+    assert [awq_ops.choose_path(m, (9, 0), True, gate_up) for m in (1, 2, 8, 9)] == [
+        "gemv", "gemv_tc", "gemv_tc", "wgmma"]
+    assert [awq_ops.choose_path(m, (9, 0), True, down) for m in (1, 2, 4, 5)] == [
+        "gemv", "gemv_tc", "gemv_tc", "wgmma"]
+    assert all(awq_ops.choose_path(m, (9, 0), True, qkv) != "gemv_tc" for m in range(1, 65))
+    assert all(awq_ops.choose_path(m, (9, 0), False, gate_up) != "gemv_tc" for m in range(1, 9))
+    assert all(awq_ops.choose_path(m, (8, 0), True, gate_up) != "gemv_tc" for m in range(1, 9))
+    assert [awq_ops.gemv_tc_units(i, o) for i, o in ((4096, 28672), (2720, 1000), (128, 8))] == [
+        448 * 64, 16 * 43, 2]
 
 
 def test_awq_grouped_wgmma_config() -> None:

@@ -15,6 +15,11 @@ int gemv_sk(const void* x, const int32_t* wq, const void* sz, const void* bias, 
 template <typename T>
 int gemv_sk_ctas_per_sm(int m);
 template <typename T>
+int gemv_tc(const void* x, const int32_t* wq, const void* sz, const void* bias, void* y, int m, int in, int out,
+            int group, int ctas, float* accum, int* counters, cudaStream_t stream);
+template <typename T>
+int gemv_tc_ctas_per_sm(int m);
+template <typename T>
 int mma(const void* x, const int32_t* wq, const void* sz, const void* bias, void* y, float* workspace,
         int splits, int m, int in, int out, int group, cudaStream_t stream);
 int mma_splits(int m, int in, int out);
@@ -42,6 +47,13 @@ extern "C" {
                                static_cast<cudaStream_t>(stream));                                          \
     }                                                                                                       \
     int kbit_vllm_awq_gemv_sk_ctas_per_sm_##SUFFIX(int m) { return awq::gemv_sk_ctas_per_sm<T>(m); }        \
+    int kbit_vllm_awq_gemv_tc_##SUFFIX(const void* x, const int32_t* wq, const void* sz, const void* bias,  \
+                                       void* y, int m, int in, int out, int group, int ctas, float* accum,  \
+                                       int* counters, void* stream) {                                       \
+        return awq::gemv_tc<T>(x, wq, sz, bias, y, m, in, out, group, ctas, accum, counters,                \
+                               static_cast<cudaStream_t>(stream));                                          \
+    }                                                                                                       \
+    int kbit_vllm_awq_gemv_tc_ctas_per_sm_##SUFFIX(int m) { return awq::gemv_tc_ctas_per_sm<T>(m); }        \
     int kbit_vllm_awq_mma_##SUFFIX(const void* x, const int32_t* wq, const void* sz, const void* bias,      \
                                    void* y, float* workspace, int splits, int m, int in, int out,           \
                                    int group, void* stream) {                                               \

@@ -88,11 +88,26 @@ def _dense(wq: torch.Tensor, sz: torch.Tensor, group_size: int, out_f: int, dtyp
     return (q * s + b).t().to(dtype)
 
 
+# Before those, the tensor-core GEMV (csrc/awq_gemv_tc.cu, same conditions as wgmma): (layer weights
+# above, first row, last row). H200 2026-11-22 session 11, g128 fp16 µs, gemv_tc (2 units per warp)
+# / op before: 4096x28672 (117 M) M=1 24.4 / 24.3, M=2 24.9 / 30.0, M=8 27.8 / 30.1; 14336x4096
+# (59 M) M=1 14.4 / 14.2, M=2 15.2 / 16.8, M=8 17.9 / 16.9; 4096x6144 M=2 9.8 / 9.4, M=8 11.6 /
+# 10.6; the seed-002 layers lose at every M (e.g. 2048x5120 M=2 6.0 / 6.1, M=8 8.7 / 8.0).
+TC_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
+    (9, 0): ((100 << 20, 2, 8), (48 << 20, 2, 4)),
+}
+
+
 def choose_path(m: int, capability: tuple[int, int], wgmma: bool = False, weights: int = 0) -> str:
-    """'gemv', 'mma', 'wgmma' or 'dequant' for an activation with m rows of a layer of `weights`
-    (in x out) weights (wgmma: whether the wgmma kernel can run here, wgmma_ok outside
-    deterministic mode)."""
+    """'gemv', 'gemv_tc', 'mma', 'wgmma' or 'dequant' for an activation with m rows of a layer of
+    `weights` (in x out) weights (wgmma: whether the Hopper kernels (wgmma, tensor-core GEMV) can
+    run here, wgmma_ok outside deterministic mode)."""
     if wgmma:
+        for above, first, last in TC_RULES.get(capability, ()):
+            if weights > above:
+                if first <= m <= last:
+                    return "gemv_tc"
+                break
         for above, first, last in WGMMA_RULES.get(capability, ()):
             if weights > above:
                 if first <= m <= last:
@@ -139,6 +154,38 @@ def gemv_sk_ctas(dev: torch.device, suffix: str, m: int, in_f: int, out_f: int, 
                                   SK_MIN_UNITS.get(m), forced)
 
 
+# Tensor-core GEMV (csrc/awq_gemv_tc.cu, Hopper): a work unit is 64 outputs x 64 inputs, split
+# evenly over the warps of one wave of CTAs; M <= 8 (x rows are the mma's 8 columns).
+TC_WARPS = 8
+TC_MAX_M = 8
+TC_COLS = 64
+TC_INPUTS = 64
+# Units per warp at least: a smaller grid where the layer is small, as each warp's first units wait
+# out the whole load latency and a tile split over many warps costs each of them a reduction.
+TC_MIN_UNITS = 2
+_TC_OCC: dict[tuple[int, int, str], int] = {}
+
+
+def gemv_tc_units(in_f: int, out_f: int) -> int:
+    """(64-output tile, 64-input stage) work units of the tensor-core GEMV."""
+    return -(-out_f // TC_COLS) * -(-in_f // TC_INPUTS)
+
+
+def gemv_tc_ctas(dev: torch.device, suffix: str, m: int, in_f: int, out_f: int) -> int:
+    """CTAs of the tensor-core GEMV: one wave (resident CTAs per SM x SMs) or fewer, so that each
+    warp has TC_MIN_UNITS units where the layer allows; 0 where it cannot run (M > 8, not Hopper /
+    sm_90a, or fewer units than one CTA's warps)."""
+    if not 0 < m <= TC_MAX_M or not wgmma_ok(dev, 4):
+        return 0
+    key = (dev.index if dev.index is not None else torch.cuda.current_device(), m, suffix)
+    if key not in _TC_OCC:
+        _TC_OCC[key] = max(0, int(getattr(LIB, f"kbit_vllm_awq_gemv_tc_ctas_per_sm_{suffix}")(ctypes.c_int(m))))
+    units = gemv_tc_units(in_f, out_f)
+    if units < TC_WARPS:
+        return 0
+    return min(_TC_OCC[key] * sm_count(dev), max(1, units // (TC_WARPS * TC_MIN_UNITS)))
+
+
 # Tile of the Hopper kernel (csrc/awq_wgmma.cu): a stream-K unit is one row tile (WGMMA_TILE_COLS
 # outputs x wgmma_tile_rows(m) rows of x) x WGMMA_STAGE_INPUTS inputs.
 WGMMA_TILE_COLS = 256
@@ -165,7 +212,8 @@ def linear_path(x2: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, bias: torc
     """y [m, out] = x2 [m, in] @ W^T + bias through one named kernel path (benchmarks call it too).
 
     "gemv" is the stream-K GEMV for M <= 4 where the layer has enough units for a full wave (outside
-    deterministic mode), else the warp GEMV; "gemv_sk" and "gemv_warp" name one of them. "mma" is
+    deterministic mode), else the warp GEMV; "gemv_sk" and "gemv_warp" name one of them, "gemv_tc" the
+    Hopper tensor-core GEMV (M <= 8). "mma" is
     the tensor-core kernel, "wgmma" the Hopper one (wgmma_ok), "dequant" dequantize + cuBLAS.
     """
     m, in_f = x2.shape
@@ -193,6 +241,18 @@ def linear_path(x2: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, bias: torc
             check(getattr(LIB, f"kbit_vllm_awq_gemv_sk_{suffix}")(
                 _ptr(x2), _ptr(wq), _ptr(sz), _ptr(bias), _ptr(y), ctypes.c_int(m), *dims[:3], ctypes.c_int(ctas),
                 _ptr(acc), _ptr(ctr), stream), "awq_gemv (stream-K)")
+        elif path == "gemv_tc":
+            ctas = gemv_tc_ctas(dev, suffix, m, in_f, out_features)
+            if ctas == 0:
+                raise ValueError(f"awq_linear gemv_tc path takes M <= {TC_MAX_M} and >= {TC_WARPS} work units on "
+                                 f"compute capability 9.0 with an sm_90a library, got M={m}, units="
+                                 f"{gemv_tc_units(in_f, out_features)}, capability "
+                                 f"{torch.cuda.get_device_capability(dev)}")
+            acc = scratch(dev, "accum", out_features * m)
+            ctr = scratch(dev, "counters", -(-out_features // TC_COLS))
+            check(getattr(LIB, f"kbit_vllm_awq_gemv_tc_{suffix}")(
+                _ptr(x2), _ptr(wq), _ptr(sz), _ptr(bias), _ptr(y), ctypes.c_int(m), *dims[:3], ctypes.c_int(ctas),
+                _ptr(acc), _ptr(ctr), stream), "awq_gemv (tensor-core)")
         elif path in ("gemv", "gemv_warp"):
             check(getattr(LIB, f"kbit_vllm_awq_gemv_{suffix}")(
                 _ptr(x2), _ptr(wq), _ptr(sz), _ptr(bias), _ptr(y), ctypes.c_int(m), *dims), "awq_gemv")
