@@ -157,9 +157,7 @@ __global__ void __launch_bounds__(kAwThreads, 2)
                 for (int i = 0; i < 2; ++i)
 #pragma unroll
                     for (int j = 0; j < kJ; ++j) {
-                        float4* src = reinterpret_cast<float4*>(mine + (i * kJ + j) * 128);
-                        const float4 v = __ldcg(src);
-                        __stcg(src, make_float4(0.f, 0.f, 0.f, 0.f));
+                        const float4 v = kbit::sk_take4(reinterpret_cast<float4*>(mine + (i * kJ + j) * 128));
                         acc[i][4 * j] = v.x, acc[i][4 * j + 1] = v.y, acc[i][4 * j + 2] = v.z, acc[i][4 * j + 3] = v.w;
                     }
             }

@@ -599,9 +599,7 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW, V>::kMinBlocks)
                     for (int i = 0; i < MB; ++i)
 #pragma unroll
                         for (int s = 0; s < NS; ++s) {
-                            float4* src = reinterpret_cast<float4*>(mine + frag_off(i, s));
-                            const float4 v = __ldcg(src);
-                            __stcg(src, make_float4(0.f, 0.f, 0.f, 0.f));
+                            const float4 v = sk_take4(reinterpret_cast<float4*>(mine + frag_off(i, s)));
                             acc[i][s][0] = v.x, acc[i][s][1] = v.y, acc[i][s][2] = v.z, acc[i][s][3] = v.w;
                         }
                 } else {

@@ -178,12 +178,11 @@ __device__ __forceinline__ void sk_take_tile(float* tacc, float (&sum)[4][M]) {
     float4* t4 = reinterpret_cast<float4*>(tacc);
 #pragma unroll
     for (int q = 0; q < M; ++q) {
-        const float4 f = __ldcg(t4 + q);
+        const float4 f = sk_take4(t4 + q);
         sum[(4 * q) / M][(4 * q) % M] = f.x;
         sum[(4 * q + 1) / M][(4 * q + 1) % M] = f.y;
         sum[(4 * q + 2) / M][(4 * q + 2) % M] = f.z;
         sum[(4 * q + 3) / M][(4 * q + 3) % M] = f.w;
-        __stcg(t4 + q, make_float4(0.f, 0.f, 0.f, 0.f));
     }
 }
 

@@ -47,6 +47,14 @@ struct SkUnit {
     }
 };
 
+// The finishing warp's (or CTA's) read of 4 sums from a tile accumulator in L2, which it leaves
+// zeroed for the next launch.
+__device__ __forceinline__ float4 sk_take4(float4* src) {
+    const float4 v = __ldcg(src);
+    __stcg(src, make_float4(0.f, 0.f, 0.f, 0.f));
+    return v;
+}
+
 // y-row sums: add 4 floats into the tile accumulator in L2 without waiting for the result.
 __device__ __forceinline__ void red_add4(float* dst, float a, float b, float c, float d) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
