@@ -263,22 +263,19 @@ def test_gemv_tc_rejects_what_it_cannot_run() -> None:
                             "gemv_tc")
 
 
-@pytest.mark.parametrize("m", (2, 4))
-def test_gemv_tc_op_dispatch_and_graph_replay(monkeypatch, m: int) -> None:
-    """Where awq_ops.TC_RULES say so (a 59 M-weight layer at M = 2..4) the op runs the tensor-core
-    GEMV: same values as the forced path up to float-atomic order, right on every CUDA-graph replay
-    (scratch left zeroed) and on new x; deterministic mode runs another kernel, bit-stable."""
-    if not _wgmma_ok():
-        pytest.skip("the tensor-core GEMV needs compute capability 9.0 and an sm_90a library")
+def _op_dispatch_and_replays(monkeypatch, m: int, in_f: int, out_f: int, path: str):
+    """Outside deterministic mode the op takes `path` for m rows of an fp16 in_f x out_f layer, gives
+    the forced path's values up to float-atomic order, and is right on every CUDA-graph replay (the
+    stream-K scratch left zeroed) and on new x. Returns (x, wq, sz, bias, w64) for further checks."""
     monkeypatch.setenv("KBIT_VLLM_DETERMINISTIC", "0")
-    dtype, in_f, out_f = torch.float16, 14336, 4096
+    dtype = torch.float16
     wq, sz, w64 = _awq_layer(out_f, in_f, 128, dtype)
-    assert awq_ops.choose_path(m, (9, 0), True, in_f * out_f) == "gemv_tc"
+    assert awq_ops.choose_path(m, (9, 0), True, in_f * out_f) == path
     x = torch.randn(m, in_f, device="cuda", dtype=dtype)
     bias = torch.randn(out_f, device="cuda", dtype=dtype)
     eager = ops.awq_linear(x, wq, sz, bias, 128, out_f)
     _check(eager, x, w64, bias, dtype, "op")
-    forced = awq_ops.linear_path(x, wq, sz, bias, 128, out_f, "gemv_tc")
+    forced = awq_ops.linear_path(x, wq, sz, bias, 128, out_f, path)
     assert (eager.double() - forced.double()).abs().max() <= 1e-2 * forced.double().abs().max()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -297,10 +294,21 @@ def test_gemv_tc_op_dispatch_and_graph_replay(monkeypatch, m: int) -> None:
     g.replay()
     torch.cuda.synchronize()
     _check(y, x, w64, bias, dtype, "replay with new x")
+    return x, wq, sz, bias, w64
+
+
+@pytest.mark.parametrize("m", (2, 4))
+def test_gemv_tc_op_dispatch_and_graph_replay(monkeypatch, m: int) -> None:
+    """Where awq_ops.TC_RULES say so (a 59 M-weight layer at M = 2..4) the op runs the tensor-core
+    GEMV (_op_dispatch_and_replays); deterministic mode runs another kernel, bit-stable."""
+    if not _wgmma_ok():
+        pytest.skip("the tensor-core GEMV needs compute capability 9.0 and an sm_90a library")
+    out_f = 4096
+    x, wq, sz, bias, w64 = _op_dispatch_and_replays(monkeypatch, m, 14336, out_f, "gemv_tc")
     monkeypatch.setenv("KBIT_VLLM_DETERMINISTIC", "1")
     first = ops.awq_linear(x, wq, sz, bias, 128, out_f)
     assert torch.equal(first, ops.awq_linear(x, wq, sz, bias, 128, out_f))
-    _check(first, x, w64, bias, dtype, "deterministic")
+    _check(first, x, w64, bias, torch.float16, "deterministic")
 
 
 # --- Hopper wgmma kernel (csrc/awq_wgmma.cu; stream-K unit = 256 outputs x 64 rows x 64 inputs) ----
@@ -339,38 +347,13 @@ def test_wgmma_matches_reference(dtype: torch.dtype, gs: int, in_f: int, out_f: 
 
 @pytest.mark.parametrize("m", (5, 24, 63))
 def test_wgmma_op_dispatch_and_graph_replay(monkeypatch, m: int) -> None:
-    """Where awq_ops.WGMMA_RULES say so the op runs the wgmma kernel (same bits as the forced path up
-    to float-atomic order; row tiles of 16, 32, 64 rows), CUDA-graph replays are right every time
-    (scratch left zeroed) and read new x; deterministic mode runs the mma.sync kernel instead."""
+    """Where awq_ops.WGMMA_RULES say so the op runs the wgmma kernel (row tiles of 16, 32, 64 rows;
+    _op_dispatch_and_replays on a 14.7 M-weight layer); deterministic mode runs the mma.sync kernel
+    instead."""
     if not _wgmma_ok():
         pytest.skip("the wgmma kernel needs compute capability 9.0 and an sm_90a library")
-    monkeypatch.setenv("KBIT_VLLM_DETERMINISTIC", "0")
-    dtype, in_f, out_f = torch.float16, 4096, 3584  # 14.7 M weights
-    wq, sz, w64 = _awq_layer(out_f, in_f, 128, dtype)
-    assert awq_ops.choose_path(m, (9, 0), True, in_f * out_f) == "wgmma"
-    x = torch.randn(m, in_f, device="cuda", dtype=dtype)
-    bias = torch.randn(out_f, device="cuda", dtype=dtype)
-    eager = ops.awq_linear(x, wq, sz, bias, 128, out_f)
-    _check(eager, x, w64, bias, dtype, "op")
-    forced = awq_ops.linear_path(x, wq, sz, bias, 128, out_f, "wgmma")
-    assert (eager.double() - forced.double()).abs().max() <= 1e-2 * forced.double().abs().max()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        ops.awq_linear(x, wq, sz, bias, 128, out_f)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        y = ops.awq_linear(x, wq, sz, bias, 128, out_f)
-    for _ in range(3):
-        y.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        _check(y, x, w64, bias, dtype, "replay")
-    x.copy_(torch.randn_like(x))
-    g.replay()
-    torch.cuda.synchronize()
-    _check(y, x, w64, bias, dtype, "replay with new x")
+    out_f = 3584
+    x, wq, sz, bias, _ = _op_dispatch_and_replays(monkeypatch, m, 4096, out_f, "wgmma")
     monkeypatch.setenv("KBIT_VLLM_DETERMINISTIC", "1")
     det = ops.awq_linear(x, wq, sz, bias, 128, out_f)
     assert torch.equal(det, awq_ops.linear_path(x, wq, sz, bias, 128, out_f, "mma"))

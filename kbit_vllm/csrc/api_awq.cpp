@@ -18,7 +18,7 @@ template <typename T>
 int gemv_tc(const void* x, const int32_t* wq, const void* sz, const void* bias, void* y, int m, int in, int out,
             int group, int ctas, float* accum, int* counters, cudaStream_t stream);
 template <typename T>
-int gemv_tc_ctas_per_sm(int m);
+int gemv_tc_ctas_per_sm();
 template <typename T>
 int mma(const void* x, const int32_t* wq, const void* sz, const void* bias, void* y, float* workspace,
         int splits, int m, int in, int out, int group, cudaStream_t stream);
@@ -53,7 +53,7 @@ extern "C" {
         return awq::gemv_tc<T>(x, wq, sz, bias, y, m, in, out, group, ctas, accum, counters,                \
                                static_cast<cudaStream_t>(stream));                                          \
     }                                                                                                       \
-    int kbit_vllm_awq_gemv_tc_ctas_per_sm_##SUFFIX(int m) { return awq::gemv_tc_ctas_per_sm<T>(m); }        \
+    int kbit_vllm_awq_gemv_tc_ctas_per_sm_##SUFFIX() { return awq::gemv_tc_ctas_per_sm<T>(); }              \
     int kbit_vllm_awq_mma_##SUFFIX(const void* x, const int32_t* wq, const void* sz, const void* bias,      \
                                    void* y, float* workspace, int splits, int m, int in, int out,           \
                                    int group, void* stream) {                                               \

@@ -73,20 +73,20 @@ __global__ void __launch_bounds__(kTcThreads, 2)
     const unsigned char* ring = base + warp * kTcWarpBytes;
     const uint32_t bars = base_s + kTcBarOff + warp * kTcStages * 8;
 
-    int lt = static_cast<int>(u0 / nst), lst = static_cast<int>(u0 - static_cast<long long>(lt) * nst);
-    auto issue = [&](int slot) {  // lane 0: the next unit's boxes into slot
+    // The unit being summed (tile c, stage st) and the next one lane 0 loads (lc; one x row tile).
+    const kbit::SkUnit first_unit = kbit::SkUnit::at(static_cast<int>(u0), nst, 1);
+    int c = first_unit.t, st = first_unit.st;
+    kbit::SkUnit lc = first_unit;
+    auto issue = [&](int slot) {  // lane 0: unit lc's boxes into slot
         const uint32_t dst = ring_s + slot * kTcSlot, bar = bars + slot * 8;
         ptx::mbar_arrive_expect_tx(bar, kTcStageBytes);
 #pragma unroll
         for (int seg = 0; seg < 2; ++seg) {
-            const int k = lst * kTcBK + 32 * seg;
-            ptx::tma_load_2d(dst + seg * kTcWBox, &tm_w, k, lt * (kTcCols / 8), bar);
-            ptx::tma_load_2d(dst + 2 * kTcWBox + seg * kTcSBox, &tm_s, lt * kTcCols, k >> gshift, bar);
+            const int k = lc.st * kTcBK + 32 * seg;
+            ptx::tma_load_2d(dst + seg * kTcWBox, &tm_w, k, lc.t * (kTcCols / 8), bar);
+            ptx::tma_load_2d(dst + 2 * kTcWBox + seg * kTcSBox, &tm_s, lc.t * kTcCols, k >> gshift, bar);
         }
-        if (++lst == nst) {
-            lst = 0;
-            ++lt;
-        }
+        lc.next(nst, 1);
     };
     if (lane == 0) {
         for (int s = 0; s < kTcStages; ++s) ptx::mbar_init(bars + s * 8, 1);
@@ -119,8 +119,6 @@ __global__ void __launch_bounds__(kTcThreads, 2)
     for (int i = 0; i < 4; ++i)
 #pragma unroll
         for (int v = 0; v < 4; ++v) acc[i][v] = q[i][v] = 0.f;
-    // Tile and stage of the unit being summed (lt / lst: the next one lane 0 loads).
-    int c = static_cast<int>(u0 / nst), st = static_cast<int>(u0 - static_cast<long long>(c) * nst);
     int st_first = st;
     for (int it = 0; it < n; ++it) {
         const int slot = it % kTcStages;
@@ -230,9 +228,7 @@ __global__ void __launch_bounds__(kTcThreads, 2)
                     const int m = 2 * t + h;
                     if (m >= M || o0 >= out) continue;
                     float4* src = reinterpret_cast<float4*>(accum + static_cast<size_t>(m) * out + o0);
-                    const float4 p0 = __ldcg(src), p1 = __ldcg(src + 1);
-                    __stcg(src, make_float4(0.f, 0.f, 0.f, 0.f));
-                    __stcg(src + 1, make_float4(0.f, 0.f, 0.f, 0.f));
+                    const float4 p0 = kbit::sk_take4(src), p1 = kbit::sk_take4(src + 1);
                     acc[0][h] = p0.x, acc[0][2 + h] = p0.y, acc[1][h] = p0.z, acc[1][2 + h] = p0.w;
                     acc[2][h] = p1.x, acc[2][2 + h] = p1.y, acc[3][h] = p1.z, acc[3][2 + h] = p1.w;
                 }
@@ -270,11 +266,12 @@ __global__ void __launch_bounds__(kTcThreads, 2)
 
 }  // namespace
 
-// Resident CTAs per SM (for a one-wave grid); 0 where the kernel cannot run (not sm_90a / 9.0).
+// Resident CTAs per SM (for a one-wave grid; the same for every M); 0 where the kernel cannot run
+// (not sm_90a / 9.0).
 template <typename T>
-int gemv_tc_ctas_per_sm(int m) {
+int gemv_tc_ctas_per_sm() {
     const void* f = reinterpret_cast<const void*>(awq_gemv_tc_kernel<T>);
-    if (m < 1 || m > 8 || !ptx::wgmma_device_ok()) return 0;
+    if (!ptx::wgmma_device_ok()) return 0;
     if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kTcSmem) != cudaSuccess) return 0;
     int n = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, kTcThreads, kTcSmem) != cudaSuccess) return 0;
@@ -316,8 +313,8 @@ int gemv_tc(const void* x, const int32_t* wq, const void* sz, const void* bias, 
     return static_cast<int>(cudaGetLastError());
 }
 
-template int gemv_tc_ctas_per_sm<half>(int);
-template int gemv_tc_ctas_per_sm<__nv_bfloat16>(int);
+template int gemv_tc_ctas_per_sm<half>();
+template int gemv_tc_ctas_per_sm<__nv_bfloat16>();
 template int gemv_tc<half>(const void*, const int32_t*, const void*, const void*, void*, int, int, int, int, int,
                            float*, int*, cudaStream_t);
 template int gemv_tc<__nv_bfloat16>(const void*, const int32_t*, const void*, const void*, void*, int, int, int, int,

@@ -98,21 +98,21 @@ TC_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
 }
 
 
+def _rule_takes(rules: tuple[tuple[int, int, int], ...], weights: int, m: int) -> bool:
+    """Whether m lies in the row range of the first (weights above, first, last) rule the layer is above."""
+    rule = next((r for r in rules if weights > r[0]), None)
+    return rule is not None and rule[1] <= m <= rule[2]
+
+
 def choose_path(m: int, capability: tuple[int, int], wgmma: bool = False, weights: int = 0) -> str:
     """'gemv', 'gemv_tc', 'mma', 'wgmma' or 'dequant' for an activation with m rows of a layer of
     `weights` (in x out) weights (wgmma: whether the Hopper kernels (wgmma, tensor-core GEMV) can
     run here, wgmma_ok outside deterministic mode)."""
     if wgmma:
-        for above, first, last in TC_RULES.get(capability, ()):
-            if weights > above:
-                if first <= m <= last:
-                    return "gemv_tc"
-                break
-        for above, first, last in WGMMA_RULES.get(capability, ()):
-            if weights > above:
-                if first <= m <= last:
-                    return "wgmma"
-                break
+        if _rule_takes(TC_RULES.get(capability, ()), weights, m):
+            return "gemv_tc"
+        if _rule_takes(WGMMA_RULES.get(capability, ()), weights, m):
+            return "wgmma"
     gemv_max, mma_max = DISPATCH.get(capability[0] * 10 + capability[1], DISPATCH[90])
     if 0 < m <= gemv_max:
         return "gemv"
@@ -163,7 +163,7 @@ TC_INPUTS = 64
 # Units per warp at least: a smaller grid where the layer is small, as each warp's first units wait
 # out the whole load latency and a tile split over many warps costs each of them a reduction.
 TC_MIN_UNITS = 2
-_TC_OCC: dict[tuple[int, int, str], int] = {}
+_TC_OCC: dict[tuple[int, str], int] = {}
 
 
 def gemv_tc_units(in_f: int, out_f: int) -> int:
@@ -177,9 +177,9 @@ def gemv_tc_ctas(dev: torch.device, suffix: str, m: int, in_f: int, out_f: int) 
     sm_90a, or fewer units than one CTA's warps)."""
     if not 0 < m <= TC_MAX_M or not wgmma_ok(dev, 4):
         return 0
-    key = (dev.index if dev.index is not None else torch.cuda.current_device(), m, suffix)
+    key = (dev.index if dev.index is not None else torch.cuda.current_device(), suffix)
     if key not in _TC_OCC:
-        _TC_OCC[key] = max(0, int(getattr(LIB, f"kbit_vllm_awq_gemv_tc_ctas_per_sm_{suffix}")(ctypes.c_int(m))))
+        _TC_OCC[key] = max(0, int(getattr(LIB, f"kbit_vllm_awq_gemv_tc_ctas_per_sm_{suffix}")()))
     units = gemv_tc_units(in_f, out_f)
     if units < TC_WARPS:
         return 0
