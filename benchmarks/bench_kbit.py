@@ -115,7 +115,8 @@ def bench_shape(name: str, in_f: int, out_f: int, ks: list[int], ms: list[int], 
             r = {"shape": name, "in": in_f, "out": out_f, "k": k, "M": m}
             small = m <= dispatch.GEMV_MAX_M
             paths = (["gemv_sk", "gemv_cluster"] if small and k <= 4 else ["gemv_cluster"] if small else []) + [
-                "mma"] + (MMA_VARIANT_PATHS if mma_variants else []) + ["wgmma"] + (["dequant"] if m >= 8 else [])
+                "gemv_tc", "mma"] + (MMA_VARIANT_PATHS if mma_variants else []) + ["wgmma"] + (
+                ["dequant"] if m >= 8 else [])
             for path in paths:
                 if not cuda_ops.path_ok(x.device, path, k, m):  # a variant or wgmma not built for k / M here
                     continue
@@ -175,16 +176,17 @@ def fmt(v) -> str:
 def print_tables(rows: list[dict]) -> None:
     for m in sorted({r["M"] for r in rows}):
         print(f"\n### M = {m} (µs per call; best = fastest of our kernels)\n")
-        print("| shape (in x out) | k | gemv (stream-K) | gemv (cluster) | mma | wgmma | dequant+cuBLAS | op "
-              "| cuBLAS fp16 | tinygemm int4 | best | vs fp16 | floor | best/floor |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        print("| shape (in x out) | k | gemv (stream-K) | gemv (cluster) | gemv (tensor core) | mma | wgmma "
+              "| dequant+cuBLAS | op | cuBLAS fp16 | tinygemm int4 | best | vs fp16 | floor | best/floor |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             if r["M"] != m:
                 continue
-            best = min(r[p] for p in ("gemv_sk", "gemv_cluster", "mma", "wgmma", "dequant") if p in r)
+            best = min(r[p] for p in ("gemv_sk", "gemv_cluster", "gemv_tc", "mma", "wgmma", "dequant") if p in r)
             r["best"] = best
             print(f"| {r['shape']} {r['in']}x{r['out']} | {r['k']} | {fmt(r.get('gemv_sk'))} | "
-                  f"{fmt(r.get('gemv_cluster'))} | {fmt(r.get('mma'))} | {fmt(r.get('wgmma'))} | "
+                  f"{fmt(r.get('gemv_cluster'))} | {fmt(r.get('gemv_tc'))} | {fmt(r.get('mma'))} | "
+                  f"{fmt(r.get('wgmma'))} | "
                   f"{fmt(r.get('dequant'))} | {fmt(r['op'])} | {fmt(r['cublas_fp16'])} | "
                   f"{fmt(r.get('tinygemm_int4'))} | {best:.1f} | {r['cublas_fp16'] / best:.2f}x | "
                   f"{r['floor']:.1f} | {best / r['floor']:.2f} |")

@@ -25,6 +25,7 @@ pytestmark = pytest.mark.skipif(not _OK, reason=f"CUDA kbit kernels unavailable:
 
 if _OK:
     from kbit_vllm.backends.cuda import ops as cuda_ops
+    from kbit_vllm.backends.cuda.cargs import SUFFIX
 
 DEV = "cuda"
 KS = (2, 3, 4, 5)
@@ -108,6 +109,8 @@ def test_linear_all_paths(k, dtype, in_f, out_f):
         sk = k <= 4 and ((out_f + 127) // 128) * (in_f // 32) >= 8
         paths = (["gemv", "gemv_cluster"] + (["gemv_sk"] if sk else []) if m <= 4 else []) + (
             ["mma", "mma_tw1"] if m <= 256 else []) + ["dequant"] + (["wgmma"] if cuda_ops.wgmma_ok(DEV, k) else [])
+        if cuda_ops.gemv_tc_ctas(torch.device(DEV), SUFFIX[dtype], k, m, out_f, in_f // 32) > 0:
+            paths.append("gemv_tc")
         for path in paths:
             b = bias if m % 2 else None
             y = cuda_ops.linear_path(x, pt, at, cb, b, k, out_f, path)
@@ -304,6 +307,77 @@ def test_graph_replay_equals_eager(m, dtype, deterministic, monkeypatch):
     x.copy_(torch.randn_like(x))  # the graph reads the new input
     g.replay()
     assert same(y, ops.kbit_linear(x, pt, at, cb, bias, k, out_f))
+
+
+# The tensor-core GEMV (forced): a tile split over many warps (4096x300, 64 warps a tile), whole
+# tiles of one block (32x4100), odd N with a padded last tile (1312x2053, scalar stores), and a grid
+# of whole tiles and split ones (8192x1024).
+TC_SHAPES = ((4096, 300), (32, 4100), (1312, 2053), (8192, 1024))
+
+
+@pytest.mark.parametrize("k", (2, 3, 4))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("in_f,out_f", TC_SHAPES)
+def test_gemv_tc_matches_reference(k, dtype, in_f, out_f):
+    """The Hopper tensor-core GEMV at every M it takes (1..8), with and without bias, twice per M
+    (the first call must leave its scratch zeroed), on outputs poisoned with NaN first."""
+    dev = torch.device(DEV)
+    if not cuda_ops.wgmma_ok(dev, k):
+        pytest.skip("tensor-core GEMV needs compute capability 9.0 and an sm_90a library")
+    packed, absmax, cb = _weights(out_f, in_f, k)
+    pt, at = ops.kbit_repack(packed, absmax, k)
+    w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64)
+    bias = torch.randn(out_f, device=DEV, dtype=dtype)
+    for m in range(1, cuda_ops.TC_MAX_M + 1):
+        assert cuda_ops.gemv_tc_ctas(dev, SUFFIX[dtype], k, m, out_f, in_f // 32) > 0
+        x = torch.randn(m, in_f, device=DEV, dtype=dtype)
+        b = bias if m % 2 else None
+        for _ in range(2):
+            poison_allocator(m * out_f * 2)
+            y = cuda_ops.linear_path(x, pt, at, cb, b, k, out_f, "gemv_tc")
+            _check_linear(y, x, w64, b, dtype)
+
+
+def test_gemv_tc_rejects():
+    """The forced tensor-core GEMV names what it takes instead of computing anything wrong."""
+    dev = torch.device(DEV)
+    if not cuda_ops.wgmma_ok(dev, 4):
+        pytest.skip("tensor-core GEMV needs compute capability 9.0 and an sm_90a library")
+    for k, m, in_f, out_f in ((5, 1, 4096, 512), (4, 9, 4096, 512), (4, 1, 32, 128)):
+        packed, absmax, cb = _weights(out_f, in_f, k)
+        pt, at = ops.kbit_repack(packed, absmax, k)
+        x = torch.randn(m, in_f, device=DEV, dtype=torch.float16)
+        with pytest.raises(ValueError, match="gemv_tc path takes k <= 4, M <= 8"):
+            cuda_ops.linear_path(x, pt, at, cb, None, k, out_f, "gemv_tc")
+
+
+@pytest.mark.parametrize("m", (1, 3, 8))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gemv_tc_graph_replay(m, dtype):
+    """The tensor-core GEMV (forced) inside a CUDA graph: every replay is right and sees a new
+    input, so its partial-tile accumulators and counters are left zeroed between launches."""
+    k, in_f, out_f = 4, 4096, 2053
+    if not cuda_ops.wgmma_ok(torch.device(DEV), k):
+        pytest.skip("tensor-core GEMV needs compute capability 9.0 and an sm_90a library")
+    packed, absmax, cb = _weights(out_f, in_f, k)
+    pt, at = ops.kbit_repack(packed, absmax, k)
+    w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64)
+    bias = torch.randn(out_f, device=DEV, dtype=dtype)
+    x = torch.randn(m, in_f, device=DEV, dtype=dtype)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        cuda_ops.linear_path(x, pt, at, cb, bias, k, out_f, "gemv_tc")
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = cuda_ops.linear_path(x, pt, at, cb, bias, k, out_f, "gemv_tc")
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        y.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        _check_linear(y, x, w64, bias, dtype)
 
 
 @pytest.mark.parametrize("m", (5, 24, 64, 100))

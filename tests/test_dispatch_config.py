@@ -53,6 +53,21 @@ def test_kbit_gemv_rows_by_bits() -> None:
     assert dispatch.choose_path(5, (9, 0), 4096 * 4096, 5) == "mma"
 
 
+def test_kbit_tensor_core_gemv_rows() -> None:
+    """H200: the tensor-core GEMV takes M = 2..8 on the largest layers, fewer rows on smaller ones, never
+    M = 1 (the stream-K GEMV), k = 5, or where the Hopper kernels cannot run (wgmma=False)."""
+    big, mid, small, tiny = 4096 * 28672, 4096 * 6144, 2048 * 5120, 2048 * 512
+    assert [dispatch.choose_path(m, (9, 0), big, 4, wgmma=True) for m in (1, 2, 8, 9)] == [
+        "gemv", "gemv_tc", "gemv_tc", "mma"]
+    assert [dispatch.choose_path(m, (9, 0), mid, 3, wgmma=True) for m in (2, 4, 5)] == ["gemv_tc", "gemv_tc", "mma"]
+    assert [dispatch.choose_path(m, (9, 0), small, 2, wgmma=True) for m in (2, 3)] == ["gemv_tc", "gemv"]
+    assert dispatch.choose_path(2, (9, 0), tiny, 4, wgmma=True) == "gemv"
+    assert dispatch.choose_path(2, (9, 0), big, 5, wgmma=True) == "gemv"
+    assert dispatch.choose_path(2, (9, 0), big, 4, wgmma=False) == "gemv"
+    assert dispatch.choose_path(2, (8, 0), big, 4, wgmma=True) == "gemv"
+    assert dispatch.rule_takes(((10, 2, 4),), 11, 3) and not dispatch.rule_takes(((10, 2, 4),), 10, 3)
+
+
 def test_kbit_wgmma_rows() -> None:
     """H200: the wgmma kernel takes WGMMA_ROWS (M = 17..192) on layers above MMA_SMALL_LAYER where it can run
     (ops.wgmma_ok, not deterministic mode); elsewhere the MMA / dequantize + cuBLAS rules stand."""

@@ -37,7 +37,9 @@ def m_ranges(choose: Callable[[int], str], names: dict[str, str]) -> list[str]:
     return out
 
 
-KBIT_NAMES = {"gemv": "GEMV (shared-memory codebook decode, split-K)", "mma": "tensor-core MMA (split-K)",
+KBIT_NAMES = {"gemv": "GEMV (shared-memory codebook decode, split-K)",
+              "gemv_tc": "Hopper tensor-core GEMV (layers above 100 M weights; dispatch.TC_ROWS)",
+              "mma": "tensor-core MMA (split-K)",
               "wgmma": "Hopper wgmma (layers above 12 M weights; smaller ones dequantize + cuBLAS)",
               "dequant": "dequantize to a buffer + cuBLAS"}
 AWQ_NAMES = {"gemv": "LOP3 GEMV / small batch (stream-K at M<=4 on large layers)",
@@ -76,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     if gpu_ok:
         print(f"  kbit (sm_{cc[0]}{cc[1]} table in backends/cuda/dispatch.py):")
         wgmma = cuda_ops.wgmma_ok(torch.device("cuda"), 4) and not dispatch.deterministic()
-        for line in m_ranges(lambda m: dispatch.choose_path(m, cc, wgmma=wgmma), KBIT_NAMES):
+        for line in m_ranges(lambda m: dispatch.choose_path(m, cc, 1 << 30, wgmma=wgmma), KBIT_NAMES):
             print(f"    {line}")
         print(f"  awq_orin (sm_{cc[0]}{cc[1]} table in backends/cuda/awq_ops.py):")
         for line in m_ranges(lambda m: awq_ops.choose_path(m, cc, wgmma, 1 << 30), AWQ_NAMES):

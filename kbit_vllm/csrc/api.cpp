@@ -41,6 +41,11 @@ int launch_wgmma(const void* x, const void* pt, const uint8_t* at, const float* 
                  int N, int nb, void* y, int rows, int ctas, float* ws, int* counters, cudaStream_t s);
 template <typename T>
 int wgmma_ctas_per_sm(int k, int rows);
+template <typename T>
+int launch_gemv_tc(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int k, int M,
+                   int N, int nb, void* y, int ctas, float* ws, int* counters, cudaStream_t s);
+template <typename T>
+int gemv_tc_ctas_per_sm(int k);
 }
 
 namespace kbit {
@@ -155,7 +160,14 @@ KBIT_DEQUANT_API(fp32, float)
         return kbit::launch_wgmma<T>(x, pt, at, cb, bias, k, M, N, nb, y, rows, ctas, ws, counters,       \
                                      static_cast<cudaStream_t>(stream));                                  \
     }                                                                                                     \
-    int kbit_vllm_wgmma_ctas_per_sm_##SUFFIX(int k, int rows) { return kbit::wgmma_ctas_per_sm<T>(k, rows); }
+    int kbit_vllm_wgmma_ctas_per_sm_##SUFFIX(int k, int rows) { return kbit::wgmma_ctas_per_sm<T>(k, rows); } \
+    int kbit_vllm_gemv_tc_##SUFFIX(const void* x, const void* pt, const uint8_t* at, const float* cb,     \
+                                   const void* bias, int k, int M, int N, int nb, void* y, int ctas,      \
+                                   float* ws, int* counters, void* stream) {                              \
+        return kbit::launch_gemv_tc<T>(x, pt, at, cb, bias, k, M, N, nb, y, ctas, ws, counters,           \
+                                       static_cast<cudaStream_t>(stream));                                \
+    }                                                                                                     \
+    int kbit_vllm_gemv_tc_ctas_per_sm_##SUFFIX(int k) { return kbit::gemv_tc_ctas_per_sm<T>(k); }
 KBIT_LINEAR_API(fp16, half)
 KBIT_LINEAR_API(bf16, __nv_bfloat16)
 

@@ -6,7 +6,7 @@
 // gathered from planes 0..3 with bit-selects (group_word), and field n's code is the low bits
 // of rotr(word, 4n + g). The codebook lives in lane registers (lane l holds
 // codebook[l mod 2^k]) and is read with __shfl_sync, which only looks at the low 5 index bits,
-// so no masking is needed: bits above k are either zero or are ignored by the modulo.
+// so no masking is needed: bits above k (garbage, see group_word) are ignored by the modulo.
 #pragma once
 #include "common.cuh"
 
@@ -29,13 +29,20 @@ __device__ __forceinline__ float lane_codebook(const float* codebook, int lane) 
     return codebook[lane & ((1 << K) - 1)];
 }
 
-// Bits of planes 0..min(K,4)-1 belonging to group g (positions = g + b mod 4), one word.
+// Bits of planes 0..min(K,4)-1 belonging to group g, one word: position 4n + g + b (mod 32) from
+// plane b. A tree of bit-selects (one LOP3 each: 3 for K >= 4, where a mask-and-or chain takes 4);
+// for K < 4 the positions of bits b >= K hold bits of other planes, which every decoder ignores
+// (the pair tables mask them, the lane codebook repeats with period 2^K).
+__device__ __forceinline__ uint32_t bitsel(uint32_t m, uint32_t a, uint32_t b) { return (a & m) | (b & ~m); }
 template <int K>
 __device__ __forceinline__ uint32_t group_word(const uint32_t* p, int g) {
-    uint32_t x = 0;
-#pragma unroll
-    for (int b = 0; b < (K < 4 ? K : 4); ++b) x |= p[b] & (0x11111111u << ((b + g) & 3));
-    return x;
+    const uint32_t m0 = 0x11111111u << g;                    // bit 0 of each code
+    const uint32_t m01 = m0 | (0x11111111u << ((g + 1) & 3));  // bits 0 and 1
+    if constexpr (K == 2) return bitsel(m0, p[0], p[1]);
+    if constexpr (K == 3) return bitsel(m01, bitsel(m0, p[0], p[1]), p[2]);
+    if constexpr (K >= 4)
+        return bitsel(m01, bitsel(m0, p[0], p[1]), bitsel(0x11111111u << ((g + 2) & 3), p[2], p[3]));
+    return p[0] & m0;
 }
 
 // Codebook index of field n given xr = rotr(group_word, g) and zr = rotr(plane4, g) (k=5 only).

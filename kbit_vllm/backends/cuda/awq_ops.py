@@ -98,20 +98,14 @@ TC_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
 }
 
 
-def _rule_takes(rules: tuple[tuple[int, int, int], ...], weights: int, m: int) -> bool:
-    """Whether m lies in the row range of the first (weights above, first, last) rule the layer is above."""
-    rule = next((r for r in rules if weights > r[0]), None)
-    return rule is not None and rule[1] <= m <= rule[2]
-
-
 def choose_path(m: int, capability: tuple[int, int], wgmma: bool = False, weights: int = 0) -> str:
     """'gemv', 'gemv_tc', 'mma', 'wgmma' or 'dequant' for an activation with m rows of a layer of
     `weights` (in x out) weights (wgmma: whether the Hopper kernels (wgmma, tensor-core GEMV) can
     run here, wgmma_ok outside deterministic mode)."""
     if wgmma:
-        if _rule_takes(TC_RULES.get(capability, ()), weights, m):
+        if dispatch.rule_takes(TC_RULES.get(capability, ()), weights, m):
             return "gemv_tc"
-        if _rule_takes(WGMMA_RULES.get(capability, ()), weights, m):
+        if dispatch.rule_takes(WGMMA_RULES.get(capability, ()), weights, m):
             return "wgmma"
     gemv_max, mma_max = DISPATCH.get(capability[0] * 10 + capability[1], DISPATCH[90])
     if 0 < m <= gemv_max:

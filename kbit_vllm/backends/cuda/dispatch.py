@@ -88,6 +88,24 @@ WGMMA_ROWS: dict[tuple[int, int], tuple[int, int]] = {
     (9, 0): (17, 192),
 }
 
+# Before any of those, the tensor-core GEMV (csrc/kbit_gemv_tc.cu, same conditions as wgmma): rules
+# (layer weights above, first row, last row), the first rule the layer is above decides. H200
+# 2026-11-22 session 12, k=4 fp16 µs, gemv_tc / the best other kernel (stream-K GEMV at M <= 3, MMA
+# v5 above): 4096x28672 (117 M) M=1 26.9 / 23.5, M=2 27.7 / 28.2, M=4 29.3 / 34.5, M=8 32.6 / 36.9;
+# 14336x4096 (59 M) M=2 16.5 / 17.2, M=4 17.7 / 19.7, M=8 20.2 / 19.8; 4096x6144 M=2 10.5 / 11.4,
+# M=4 11.2 / 11.7, M=8 12.8 / 11.8; 4096x4096 M=2 8.3 / 9.3, M=4 9.8 / 9.6; 2048x5120 M=2 7.0 / 8.0,
+# M=4 8.4 / 8.3.
+TC_ROWS: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
+    (9, 0): ((100 << 20, 2, 8), (20 << 20, 2, 4), (4 << 20, 2, 2)),
+}
+
+
+def rule_takes(rules: tuple[tuple[int, int, int], ...], weights: int, m: int) -> bool:
+    """Whether m lies in the row range of the first (weights above, first, last) rule the layer is
+    above (the tensor-core GEMV and wgmma rules of both formats)."""
+    rule = next((r for r in rules if weights > r[0]), None)
+    return rule is not None and rule[1] <= m <= rule[2]
+
 
 # x rows per row tile (the wgmma N) that every wgmma kernel (dense and grouped, kbit and awq) is
 # built for.
@@ -124,10 +142,12 @@ def grouped_wgmma_config(rows: int, n_exp: int, in_f: int, out_f: int, sms: int,
 
 def choose_path(m: int, capability: tuple[int, int], weights: int | None = None, k: int = 4,
                 wgmma: bool = False) -> str:
-    """'gemv', 'mma', 'wgmma' or 'dequant' for an activation with m rows of a k-bit layer (weights:
-    in x out of the layer; wgmma: whether the wgmma kernel can run here, ops.wgmma_ok outside
-    deterministic mode). k = 5 keeps the GEMV up to GEMV_MAX_M rows: the table thresholds assume
-    the MMA variant 5, which covers k <= 4 only."""
+    """'gemv', 'gemv_tc', 'mma', 'wgmma' or 'dequant' for an activation with m rows of a k-bit layer
+    (weights: in x out of the layer; wgmma: whether the Hopper kernels (wgmma, tensor-core GEMV) can
+    run here, ops.wgmma_ok outside deterministic mode). k = 5 keeps the GEMV up to GEMV_MAX_M rows:
+    the table thresholds assume the MMA variant 5, which covers k <= 4 only."""
+    if wgmma and k <= 4 and weights is not None and rule_takes(TC_ROWS.get(capability, ()), weights, m):
+        return "gemv_tc"
     gemv_max, mma_max = thresholds(capability)
     if m <= (min(gemv_max, GEMV_MAX_M) if k <= 4 else GEMV_MAX_M):
         return "gemv"

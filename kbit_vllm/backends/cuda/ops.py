@@ -199,10 +199,13 @@ def wgmma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int) -
 
 
 def path_ok(dev: torch.device, path: str, k: int, m: int) -> bool:
-    """Whether a forced tensor-core path ("mma", "mma_tw1", "mma_v1".., "wgmma") serves k bits and
-    m rows on dev (tests and benchmarks skip the ones that do not)."""
+    """Whether a forced tensor-core path ("mma", "mma_tw1", "mma_v1".., "wgmma", "gemv_tc") serves k
+    bits and m rows on dev (tests and benchmarks skip the ones that do not; gemv_tc also needs a
+    layer of at least one CTA's worth of work units)."""
     if path == "wgmma":
         return wgmma_ok(dev, k)
+    if path == "gemv_tc":
+        return 0 < m <= TC_MAX_M and wgmma_ok(dev, k)
     return mma_variant_ok(MMA_VARIANTS.get(path, 0), k, m)
 
 
@@ -242,6 +245,32 @@ def gemv_sk_ctas(dev: torch.device, sfx: str, k: int, m: int, out_features: int,
                                   SK_MIN_UNITS.get(m), forced)
 
 
+# Tensor-core GEMV (csrc/kbit_gemv_tc.cu, Hopper, k <= 4): a work unit is one (128-feature layout
+# tile, 32-input block), split evenly over the warps of one wave (one CTA of TC_WARPS warps per SM);
+# M <= 8 (x rows are the mma's 8 columns).
+TC_WARPS = 16
+TC_MAX_M = 8
+# Units per warp at least: a smaller grid where the layer is small, as each warp's first units wait
+# out the whole load latency and a tile split over many warps costs each of them a reduction.
+TC_MIN_UNITS = 2
+_TC_OCC: dict[tuple[int, int, str], int] = {}
+
+
+def gemv_tc_ctas(dev: torch.device, sfx: str, k: int, m: int, out_features: int, nb: int) -> int:
+    """CTAs of the tensor-core GEMV: one wave or fewer, so that each warp has TC_MIN_UNITS units
+    where the layer allows; 0 where it cannot run (k > 4, M > 8, not Hopper / sm_90a, or fewer
+    units than one CTA's warps)."""
+    if not 0 < m <= TC_MAX_M or not wgmma_ok(dev, k):
+        return 0
+    key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, sfx)
+    if key not in _TC_OCC:
+        _TC_OCC[key] = max(0, int(getattr(LIB, f"kbit_vllm_gemv_tc_ctas_per_sm_{sfx}")(_i(k))))
+    units = ((out_features + 127) // 128) * nb
+    if units < TC_WARPS:
+        return 0
+    return min(_TC_OCC[key] * _sms(dev), max(1, units // (TC_WARPS * TC_MIN_UNITS)))
+
+
 def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch.Tensor, codebook: torch.Tensor,
                 bias: torch.Tensor | None, k: int, out_features: int, path: str) -> torch.Tensor:
     """y [M, out] for a contiguous 2-D fp16/bf16 x through one named kernel path.
@@ -251,7 +280,8 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
     deterministic mode), else the cluster GEMV; "gemv_sk" and "gemv_cluster" name one of them.
     "mma" is the stream-K tensor-core kernel (dispatch.mma_variant(m)) with its default row-tile
     width; "mma_tw1" and "mma_tw2" force the default kernel at 128 or 256 features per row tile;
-    "mma_v1".. force a kernel variant (MMA_VARIANTS). "wgmma" is the Hopper kernel (wgmma_ok).
+    "mma_v1".. force a kernel variant (MMA_VARIANTS). "wgmma" is the Hopper kernel (wgmma_ok);
+    "gemv_tc" the Hopper tensor-core GEMV (M <= 8, wgmma_ok).
     """
     m, in_f = x2.shape
     nb = in_f // 32
@@ -286,6 +316,19 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
         check(getattr(LIB, f"kbit_vllm_gemv_{sfx}")(
             _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(bias), _i(k), _i(m),
             _i(out_features), _i(nb), _ptr(y), _i(rgpc), _i(wk), _i(splits), stream), "kbit_linear (gemv)")
+        return y
+    if path == "gemv_tc":
+        ctas = gemv_tc_ctas(dev, sfx, k, m, out_features, nb)
+        if ctas == 0:
+            raise ValueError(f"kbit_linear gemv_tc path takes k <= 4, M <= {TC_MAX_M} and >= {TC_WARPS} "
+                             f"(tile, block) units on compute capability 9.0 with an sm_90a library, got k={k}, "
+                             f"M={m}, units={((out_features + 127) // 128) * nb}, capability "
+                             f"{torch.cuda.get_device_capability(dev)}")
+        ws = scratch(dev, "accum", ((out_features + 127) // 128) * 128 * m)
+        ctr = scratch(dev, "counters", (out_features + 127) // 128)
+        check(getattr(LIB, f"kbit_vllm_gemv_tc_{sfx}")(
+            _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(bias), _i(k), _i(m),
+            _i(out_features), _i(nb), _ptr(y), _i(ctas), _ptr(ws), _ptr(ctr), stream), "kbit_linear (gemv_tc)")
         return y
     if path == "wgmma":
         if not wgmma_ok(dev, k):
@@ -337,8 +380,10 @@ def kbit_linear(x: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch
         x2 = x2.contiguous() if not x2.is_contiguous() else x2.clone()
     dev = x.device
     wgmma = not dispatch.deterministic() and wgmma_ok(dev, k)
-    path = dispatch.choose_path(x2.shape[0], torch.cuda.get_device_capability(dev), x2.shape[1] * out_features, k,
-                                wgmma)
+    cc = torch.cuda.get_device_capability(dev)
+    path = dispatch.choose_path(x2.shape[0], cc, x2.shape[1] * out_features, k, wgmma)
+    if path == "gemv_tc" and gemv_tc_ctas(dev, _ACT_FN[x2.dtype], k, x2.shape[0], out_features, x2.shape[1] // 32) == 0:
+        path = dispatch.choose_path(x2.shape[0], cc, x2.shape[1] * out_features, k, False)  # too few units
     with torch.cuda.device(dev):
         y = linear_path(x2, packed_tiled.contiguous(), absmax_tiled.contiguous(), codebook.contiguous(),
                         None if bias is None else bias.contiguous(), k, out_features, path)
