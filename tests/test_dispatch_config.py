@@ -90,15 +90,15 @@ def test_awq_wgmma_rules() -> None:
     from kbit_vllm.backends.cuda import awq_ops
 
     def tc(m: int, w: int) -> bool:  # the tensor-core GEMV's rules come first
-        rule = next((r for r in awq_ops.TC_RULES[(9, 0)] if w > r[0]), None)
-        return rule is not None and rule[1] <= m <= rule[2]
+        return dispatch.rule_takes(awq_ops.TC_RULES[(9, 0)], w, m)
 
     rules = awq_ops.WGMMA_RULES[(9, 0)]
     for above, first, last in rules:
         w = above + 1
         for m in (first, last):
             assert awq_ops.choose_path(m, (9, 0), True, w) == ("gemv_tc" if tc(m, w) else "wgmma")
-        assert awq_ops.choose_path(first - 1, (9, 0), True, w) in ("gemv", "mma")
+        assert awq_ops.choose_path(first - 1, (9, 0), True, w) in (
+            ("gemv_tc",) if tc(first - 1, w) else ("gemv", "mma"))
         assert awq_ops.choose_path(last + 1, (9, 0), True, w) in ("mma", "dequant")
         assert awq_ops.choose_path(first, (9, 0), False, w) != "wgmma"
         assert awq_ops.choose_path(first, (8, 0), True, w) != "wgmma"
@@ -124,15 +124,16 @@ def test_wgmma_tile_rows() -> None:
 
 def test_awq_tensor_core_gemv_rules() -> None:
     """H200: the tensor-core GEMV takes M = 2..8 on layers above 100 M weights and M = 2..4 above
-    48 M, before the wgmma rules; nowhere without the Hopper kernels or at M = 1."""
+    4 M, before the wgmma rules; nowhere without the Hopper kernels, at M = 1 or on tiny layers."""
     from kbit_vllm.backends.cuda import awq_ops
 
-    gate_up, down, qkv = 4096 * 28672, 14336 * 4096, 4096 * 6144
+    gate_up, down, qkv, kv = 4096 * 28672, 14336 * 4096, 4096 * 6144, 2048 * 512
     assert [awq_ops.choose_path(m, (9, 0), True, gate_up) for m in (1, 2, 8, 9)] == [
         "gemv", "gemv_tc", "gemv_tc", "wgmma"]
-    assert [awq_ops.choose_path(m, (9, 0), True, down) for m in (1, 2, 4, 5)] == [
-        "gemv", "gemv_tc", "gemv_tc", "wgmma"]
-    assert all(awq_ops.choose_path(m, (9, 0), True, qkv) != "gemv_tc" for m in range(1, 65))
+    for layer in (down, qkv):
+        assert [awq_ops.choose_path(m, (9, 0), True, layer) for m in (1, 2, 4, 5)] == [
+            "gemv", "gemv_tc", "gemv_tc", "wgmma"]
+    assert all(awq_ops.choose_path(m, (9, 0), True, kv) != "gemv_tc" for m in range(1, 65))
     assert all(awq_ops.choose_path(m, (9, 0), False, gate_up) != "gemv_tc" for m in range(1, 9))
     assert all(awq_ops.choose_path(m, (8, 0), True, gate_up) != "gemv_tc" for m in range(1, 9))
     assert [awq_ops.gemv_tc_units(i, o) for i, o in ((4096, 28672), (2720, 1000), (128, 8))] == [

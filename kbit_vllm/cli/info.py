@@ -43,7 +43,7 @@ KBIT_NAMES = {"gemv": "GEMV (shared-memory codebook decode, split-K)",
               "wgmma": "Hopper wgmma (layers above 12 M weights; smaller ones dequantize + cuBLAS)",
               "dequant": "dequantize to a buffer + cuBLAS"}
 AWQ_NAMES = {"gemv": "LOP3 GEMV / small batch (stream-K at M<=4 on large layers)",
-             "gemv_tc": "Hopper tensor-core GEMV (layers above 48 M weights; awq_ops.TC_RULES)",
+             "gemv_tc": "Hopper tensor-core GEMV (M <= 4 on layers above 4 M weights; awq_ops.TC_RULES)",
              "mma": "tensor-core LOP3 MMA (split-K)",
              "wgmma": "Hopper wgmma (on layers above 48 M weights; smaller ones: awq_ops.WGMMA_RULES)",
              "dequant": "dequantize to a buffer + cuBLAS"}
