@@ -351,14 +351,12 @@ def test_gemv_tc_rejects():
             cuda_ops.linear_path(x, pt, at, cb, None, k, out_f, "gemv_tc")
 
 
-@pytest.mark.parametrize("m", (1, 3, 8))
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_gemv_tc_graph_replay(m, dtype):
-    """The tensor-core GEMV (forced) inside a CUDA graph: every replay is right and sees a new
-    input, so its partial-tile accumulators and counters are left zeroed between launches."""
+def _forced_path_graph_replay(path: str, m: int, dtype) -> None:
+    """A forced Hopper path (sm_90a) inside a CUDA graph: every replay is right and sees a new input,
+    so its partial-tile accumulators and counters are left zeroed between launches."""
     k, in_f, out_f = 4, 4096, 2053
-    if not cuda_ops.wgmma_ok(torch.device(DEV), k):
-        pytest.skip("tensor-core GEMV needs compute capability 9.0 and an sm_90a library")
+    if not cuda_ops.path_ok(torch.device(DEV), path, k, m):
+        pytest.skip(f"{path} needs compute capability 9.0 and an sm_90a library")
     packed, absmax, cb = _weights(out_f, in_f, k)
     pt, at = ops.kbit_repack(packed, absmax, k)
     w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64)
@@ -367,43 +365,28 @@ def test_gemv_tc_graph_replay(m, dtype):
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        cuda_ops.linear_path(x, pt, at, cb, bias, k, out_f, "gemv_tc")
+        cuda_ops.linear_path(x, pt, at, cb, bias, k, out_f, path)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        y = cuda_ops.linear_path(x, pt, at, cb, bias, k, out_f, "gemv_tc")
+        y = cuda_ops.linear_path(x, pt, at, cb, bias, k, out_f, path)
     for _ in range(3):
         x.copy_(torch.randn_like(x))
         y.fill_(float("nan"))
         g.replay()
         torch.cuda.synchronize()
         _check_linear(y, x, w64, bias, dtype)
+
+
+@pytest.mark.parametrize("m", (1, 3, 8))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gemv_tc_graph_replay(m, dtype):
+    """The tensor-core GEMV, forced, under CUDA-graph replays (_forced_path_graph_replay)."""
+    _forced_path_graph_replay("gemv_tc", m, dtype)
 
 
 @pytest.mark.parametrize("m", (5, 24, 64, 100))
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_wgmma_graph_replay(m, dtype):
-    """The Hopper wgmma path (forced; sm_90a) inside a CUDA graph: every replay is right and sees
-    a new input, so its partial-tile accumulators and counters are left zeroed between launches."""
-    k, in_f, out_f = 4, 4096, 2053
-    if not cuda_ops.wgmma_ok(torch.device(DEV), k):
-        pytest.skip("wgmma kernel needs compute capability 9.0 and an sm_90a library")
-    packed, absmax, cb = _weights(out_f, in_f, k)
-    pt, at = ops.kbit_repack(packed, absmax, k)
-    w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64)
-    bias = torch.randn(out_f, device=DEV, dtype=dtype)
-    x = torch.randn(m, in_f, device=DEV, dtype=dtype)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        cuda_ops.linear_path(x, pt, at, cb, bias, k, out_f, "wgmma")
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        y = cuda_ops.linear_path(x, pt, at, cb, bias, k, out_f, "wgmma")
-    for _ in range(3):
-        x.copy_(torch.randn_like(x))
-        y.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        _check_linear(y, x, w64, bias, dtype)
+    """The wgmma kernel, forced, under CUDA-graph replays (_forced_path_graph_replay)."""
+    _forced_path_graph_replay("wgmma", m, dtype)

@@ -304,13 +304,18 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
     if path == "gemv_sk" and ctas == 0:
         raise ValueError(f"kbit_linear gemv_sk path takes k <= 4 and >= {SK_WARPS} (tile, block) units, "
                          f"got k={k}, units={((out_features + 127) // 128) * nb}")
-    if ctas > 0:
+    # The stream-K GEMVs (CUDA-core and tensor-core) share a signature: a one-wave grid, a zeroed fp32
+    # accumulator row per x row and a counter per layout tile (both left zeroed).
+    def stream_k(kernel: str, grid: int) -> torch.Tensor:
         ws = scratch(dev, "accum", ((out_features + 127) // 128) * 128 * m)
         ctr = scratch(dev, "counters", (out_features + 127) // 128)
-        check(getattr(LIB, f"kbit_vllm_gemv_sk_{sfx}")(
+        check(getattr(LIB, f"kbit_vllm_{kernel}_{sfx}")(
             _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(bias), _i(k), _i(m),
-            _i(out_features), _i(nb), _ptr(y), _i(ctas), _ptr(ws), _ptr(ctr), stream), "kbit_linear (gemv)")
+            _i(out_features), _i(nb), _ptr(y), _i(grid), _ptr(ws), _ptr(ctr), stream), f"kbit_linear ({kernel})")
         return y
+
+    if ctas > 0:
+        return stream_k("gemv_sk", ctas)
     if path in ("gemv", "gemv_cluster"):
         rgpc, wk, splits = gemv_config(out_features, nb, _sms(dev), torch.cuda.get_device_capability(dev)[0] >= 9)
         check(getattr(LIB, f"kbit_vllm_gemv_{sfx}")(
@@ -324,12 +329,7 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
                              f"(tile, block) units on compute capability 9.0 with an sm_90a library, got k={k}, "
                              f"M={m}, units={((out_features + 127) // 128) * nb}, capability "
                              f"{torch.cuda.get_device_capability(dev)}")
-        ws = scratch(dev, "accum", ((out_features + 127) // 128) * 128 * m)
-        ctr = scratch(dev, "counters", (out_features + 127) // 128)
-        check(getattr(LIB, f"kbit_vllm_gemv_tc_{sfx}")(
-            _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(bias), _i(k), _i(m),
-            _i(out_features), _i(nb), _ptr(y), _i(ctas), _ptr(ws), _ptr(ctr), stream), "kbit_linear (gemv_tc)")
-        return y
+        return stream_k("gemv_tc", ctas)
     if path == "wgmma":
         if not wgmma_ok(dev, k):
             raise ValueError(f"kbit_linear wgmma path takes k <= 4 on compute capability 9.0, got k={k} on "
