@@ -115,6 +115,7 @@ def test_tp2_matches_tp1(run) -> None:
     assert_close(run("kbit4_tp2"), run("kbit4"))
 
 
+@pytest.mark.skipif(H.VLLM_AVX2_ONLY, reason=f"{H.AVX2_REASON}: no cpu_gemm_wna16 for built-in awq")
 def test_awq_orin_matches_builtin_awq(run) -> None:
     """vLLM 0.28 CPU runs built-in "awq" (CPU WNA16 kernel), so compare against it directly."""
     assert_close(run("awq_orin"), run("awq_builtin"))

@@ -8,10 +8,20 @@ import contextlib
 import gc
 import json
 import os
+import platform
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
+
+# vLLM's CPU wheel loads its AVX2 kernel build where the CPU lacks AVX-512 (the test vLLM's own
+# platforms/cpu.py makes). That build has no WNA16 GEMM, so vLLM's built-in "awq" cannot run, and
+# two tiny random MoE comparisons (qwen3_moe k=2 against HF, Mixtral TP=2 against TP=1) leave the
+# logprob tolerance there, at the commits before and after 2026-11-22's change alike (an AMD EPYC
+# without AVX-512). The cause is not pinned down (a near-tied expert choice is the suspect; the
+# token-level near-tie rule does not cover that); the AVX-512 machines run them.
+VLLM_AVX2_ONLY = platform.machine() in ("x86_64", "AMD64") and not torch.cpu._is_avx512_supported()
+AVX2_REASON = "vLLM's AVX2 CPU build (no AVX-512 here): see vllm_helpers.VLLM_AVX2_ONLY"
 
 VOCAB = 128
 PROMPTS = ["t1 t2 t3 t4", "t9 t8 t7", "t20 t21 t22 t23 t24 t25", "t5"]
