@@ -43,6 +43,7 @@ SCENARIOS = [
 TOKENS = [1, 2, 4, 8, 16, 64, 256, 512, 1024]
 FORMATS = ["k2", "k3", "k4", "k5", "awq"]
 SWEEP_BM = {"k4": (16, 32, 64, 128), "awq": (16, 32, 64)}  # formats timed at every MMA row tile
+SWEEP_MP = {"k4": (1, 2, 3, 4)}  # formats timed at every rows-per-pass of the stream-K GEMV
 AWQ_GROUP = 128
 ROTATE_BYTES = 256 << 20
 COPY_BUDGET = 6 << 30  # bytes of weight copies per format
@@ -89,15 +90,17 @@ class Stack:
             self.copies.append(tuple(t.clone() for t in self.base))
         return self.copies[:n]
 
-    def call(self, c, x: torch.Tensor, offs: torch.Tensor, path: str | None, bm: int | None = None):
-        """A closure running one copy through the op (path None) or one kernel path."""
+    def call(self, c, x: torch.Tensor, offs: torch.Tensor, path: str | None, bm: int | None = None,
+             mp: int | None = None):
+        """A closure running one copy through the op (path None) or one kernel path (bm: the MMA row
+        tile, mp: the kbit stream-K GEMV's rows per pass)."""
         if self.name == "awq":
             if path is None:
                 return lambda: ops.awq_grouped_linear(x, c[0], c[1], offs, AWQ_GROUP, self.out_f)
             return lambda: awq_ops.grouped_path(x, c[0], c[1], offs, AWQ_GROUP, self.out_f, path, bm=bm)
         if path is None:
             return lambda: ops.kbit_grouped_linear(x, c[0], c[1], self.cb, offs, self.k, self.out_f)
-        return lambda: cuda_ops.grouped_path(x, c[0], c[1], self.cb, offs, self.k, self.out_f, path, bm=bm)
+        return lambda: cuda_ops.grouped_path(x, c[0], c[1], self.cb, offs, self.k, self.out_f, path, bm=bm, mp=mp)
 
 
 def grouped_mm_ok(w16: torch.Tensor) -> bool:
@@ -163,21 +166,23 @@ def bench_shape(scen: str, n_exp: int, topk: int, shape: str, in_f: int, out_f: 
             r["format"] = f
             rpe = dispatch.grouped_rows_per_expert(b["rows"], n_exp)
             gemv = "gemv" if f == "awq" else "gemv_sk"  # kbit: the stream-K GEMV itself
-            runs = [("gemv", gemv, None)] if rpe <= 8 else []
-            runs += [("mma", "mma", None), ("op", None, None)]
+            runs = [("gemv", gemv, None, None)] if rpe <= 8 else []
+            runs += [("mma", "mma", None, None), ("op", None, None, None)]
             if f in SWEEP_BM:  # every MMA row tile, to place the dispatch thresholds
-                runs += [(f"mma_bm{bm}", "mma", bm) for bm in SWEEP_BM[f]]
+                runs += [(f"mma_bm{bm}", "mma", bm, None) for bm in SWEEP_BM[f]]
                 if f != "awq" and rpe <= 8:  # the fixed-order slot GEMV (deterministic mode's)
-                    runs.append(("gemv_slot", "gemv_slot", None))
+                    runs.append(("gemv_slot", "gemv_slot", None, None))
+            if f in SWEEP_MP and rpe <= 8:  # the stream-K GEMV at every rows-per-pass
+                runs += [(f"gemv_mp{mp}", "gemv_sk", None, mp) for mp in SWEEP_MP[f]]
             if cuda_ops.wgmma_ok(x.device, 4 if f == "awq" else int(f[1:])):  # the Hopper grouped kernels
-                runs.append(("wgmma", "wgmma", None))
+                runs.append(("wgmma", "wgmma", None, None))
             if f != "awq" and use_gmm and rpe > 8:  # bf16 prefill path: dequantize all + torch grouped GEMM
-                runs.append(("dequant_bf16", "dequant", None))
+                runs.append(("dequant_bf16", "dequant", None, None))
             xb = x.to(torch.bfloat16)
-            for key, path, bm in runs:
+            for key, path, bm, mp in runs:
                 try:
                     xk = xb if key.endswith("_bf16") else x
-                    r[key] = time_graph([st.call(c, xk, offs, path, bm) for c in cps])
+                    r[key] = time_graph([st.call(c, xk, offs, path, bm, mp) for c in cps])
                 except Exception as e:  # report, keep going
                     print(f"# {scen} {shape} {f} T={t} {key} failed: {e}", file=sys.stderr)
             r["floor"] = (st.expert_bytes * b["active"] + 2 * b["rows"] * (in_f + out_f)) / bw * 1e6
@@ -235,13 +240,16 @@ def print_sweep(rows: list[dict]) -> None:
         if not sel:
             continue
         print(f"\n### {f}: grouped GEMV and MMA per row tile (µs; rpe = rows / min(experts, rows))\n")
-        print("| scenario | shape | tokens | rpe | gemv sk | gemv slot | " + " | ".join(f"mma bm{b}" for b in bms)
-              + " | op |")
-        print("|---" * (7 + len(bms)) + "|")
+        mps = SWEEP_MP.get(f, ())
+        print("| scenario | shape | tokens | rpe | max rows | gemv sk | " + " | ".join(f"sk mp{m}" for m in mps)
+              + (" | " if mps else "") + "gemv slot | " + " | ".join(f"mma bm{b}" for b in bms) + " | op |")
+        print("|---" * (8 + len(mps) + len(bms)) + "|")
         for r in sel:
             rpe = -(-r["rows"] // min(r["experts"], r["rows"]))
-            print(f"| {r['scenario']} | {r['shape']} | {r['tokens']} | {rpe} | {fmt(r.get('gemv'))} | "
-                  f"{fmt(r.get('gemv_slot'))} | "
+            print(f"| {r['scenario']} | {r['shape']} | {r['tokens']} | {rpe} | {r['max_rows']} | "
+                  f"{fmt(r.get('gemv'))} | "
+                  + " | ".join(fmt(r.get(f"gemv_mp{m}")) for m in mps) + (" | " if mps else "")
+                  + f"{fmt(r.get('gemv_slot'))} | "
                   + " | ".join(fmt(r.get(f"mma_bm{b}")) for b in bms) + f" | {fmt(r.get('op'))} |")
 
 

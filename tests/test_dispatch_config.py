@@ -28,6 +28,15 @@ def test_grouped_mma_tile_halves_below_one_tile_per_sm(rows: int, n_exp: int, n:
     assert 1 <= splits <= 16
 
 
+@pytest.mark.parametrize("rows,n_exp,want", [
+    (8, 128, 2), (16, 128, 1), (24, 128, 1), (32, 128, 2), (64, 128, 2), (128, 128, 2), (256, 128, 2),
+    (8, 8, 2), (16, 8, 2), (64, 8, 2), (1, 128, 2),
+])
+def test_grouped_sk_rows_per_pass(rows: int, n_exp: int, want: int) -> None:
+    """Two rows per pass except where rows spread at most one per expert over 16..31 rows."""
+    assert dispatch.grouped_sk_rows(rows, n_exp) == want
+
+
 def test_grouped_mma_forced_tile_is_kept() -> None:
     assert grouped_mma_config(64 * 8, 8, 512, 64, H200_SMS, bm=64)[0] == 64
 

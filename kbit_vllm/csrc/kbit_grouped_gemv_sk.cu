@@ -9,7 +9,10 @@
 // units are split into equal contiguous ranges, one per warp of a grid that fills the GPU once
 // (stream-K): 8 active experts of 128 get the whole GPU, and nothing waits on empty experts. A
 // later pass of the same expert re-reads its weights at about the same time (mostly L2 hits).
-// Rows past an expert's end in its last pass repeat its last row and are not stored.
+// An item of fewer rows than M (an expert's last pass) runs the unit body for just its rows, so a
+// pass width above the typical rows per expert costs the experts with fewer rows nothing but a
+// branch per unit (routing rarely spreads rows evenly: at 64 rows over 128 experts most active
+// experts have one row, some two or three).
 //
 // The unit body, table and reductions are the dense stream-K GEMV's (kbit_sk.cuh). A warp's range
 // covers at most two partial tiles (head and tail); whole tiles are stored directly; partial ones
@@ -38,6 +41,19 @@ __device__ __forceinline__ void gsk_store(T* __restrict__ y, int N, int frow, in
                 if (m < mr) y[static_cast<size_t>(m0 + m) * N + row] = from_float<T>(v[r][m]);
         }
     }
+}
+
+// sk_unit for the item's mr rows (1..R, warp-uniform) into the first mr columns of acc.
+template <typename T, int K, int M, int R = M>
+__device__ __forceinline__ void gsk_unit(int mr, const uint4 (&p)[K], uint32_t a, const uint4* __restrict__ xb,
+                                         const int (&xoff)[M], const char* tblc, uint32_t lane4, float (&acc)[4][M]) {
+    if constexpr (R > 1) {
+        if (mr < R) {
+            gsk_unit<T, K, M, R - 1>(mr, p, a, xb, xoff, tblc, lane4, acc);
+            return;
+        }
+    }
+    sk_unit<T, K, R, false, false, M>(p, a, xb, xoff, tblc, lane4, acc);
 }
 
 template <typename T, int K, int M>
@@ -127,7 +143,7 @@ __global__ void __launch_bounds__(kSkThreads, M == 1 ? 3 : 2) grouped_gemv_sk_ke
         int xoff[M];
 #pragma unroll
         for (int m = 0; m < M; ++m) xoff[m] = min(m, mr - 1) * x_stride4;
-        sk_unit<T, K, M>(p, a, xrow + j * 4, xoff, tblc, lane4, acc);
+        gsk_unit<T, K, M>(mr, p, a, xrow + j * 4, xoff, tblc, lane4, acc);
 #pragma unroll
         for (int b = 0; b < K; ++b) p[b] = pn[b];
         a = an;

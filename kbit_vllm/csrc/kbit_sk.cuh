@@ -65,10 +65,13 @@ __device__ __forceinline__ uint32_t bf16x2_to_scaled_h2(uint32_t u, float scale)
 // kScaledBf16: bf16 x is turned into fp16 times xscale[m] (a power of two that keeps the row
 // inside fp16, see row_scales) and runs the half2 loop; the caller divides the sums by it.
 // kXShared: xb points into shared memory at x already in that scaled fp16 form.
-template <typename T, int K, int M, bool kScaledBf16 = false, bool kXShared = false>
+// MA >= M is the width of the caller's arrays, of which the first M rows are used (the grouped
+// GEMV runs an item of fewer rows than its pass width without touching the rest).
+template <typename T, int K, int M, bool kScaledBf16 = false, bool kXShared = false, int MA = M>
 __device__ __forceinline__ void sk_unit(const uint4 (&p)[K], uint32_t a, const uint4* __restrict__ xb,
-                                        const int (&xoff)[M], const char* tblc, uint32_t lane4,
-                                        float (&acc)[4][M], const float* xscale = nullptr) {
+                                        const int (&xoff)[MA], const char* tblc, uint32_t lane4,
+                                        float (&acc)[4][MA], const float* xscale = nullptr) {
+    static_assert(M >= 1 && M <= MA, "rows within the caller's arrays");
     uint32_t gw[4][4];  // rotr(group word, g): nibble n = code of field n
 #pragma unroll
     for (int r = 0; r < 4; ++r) {

@@ -224,6 +224,24 @@ def grouped_rows_per_expert(rows: int, n_exp: int) -> int:
     return -(-rows // active)
 
 
+# Rows per pass of the kbit grouped stream-K GEMV. A pass of an expert takes up to this many of its
+# rows and one with fewer runs the unit body for its own rows only, so 2 serves the experts that
+# uneven routing gives two rows in one pass. H200 2026-11-22 session 13, bench_moe.py k=4 fp16, µs
+# at rows per pass 1 / 2 / 3 / 4: qwen128 gate (128 experts) 64 rows 24.7 / 22.6 / 23.5 / 23.5,
+# 128 rows 42.5 / 34.5 / 38.1 / 39.7, 256 rows 78.0 / 56.4 / 54.0 / 55.3, 16 rows 10.7 / 11.8 /
+# 12.3 / 13.5 (15 experts, one with two rows: the 1-row kernel's three CTAs per SM win), 32 rows
+# 15.3 / 15.6 (down 15.9 / 15.3); seed8 gate (8 experts, every row to all 8) 8 rows 8.5 / 7.1 /
+# 7.5 / 8.8, 32 rows 11.4 / 9.0 / 10.2 / 11.0, 64 rows 16.7 / 11.2 / 11.7 / 13.0 (4 rows per pass
+# costs more than two passes of 2).
+GSK_ONE_ROW = (16, 32)  # rows in [lo, hi), at most one per expert on average: one row per pass
+
+
+def grouped_sk_rows(rows: int, n_exp: int) -> int:
+    """Rows per pass (1 or 2) of the kbit grouped stream-K GEMV for rows over n_exp experts."""
+    lo, hi = GSK_ONE_ROW
+    return 1 if rows <= n_exp and lo <= rows < hi else 2
+
+
 # Expected rows per expert above which bf16 grouped ops dequantize every expert and run torch's
 # grouped GEMM (grouped_mm.py). H200 2026-11-21 session 4, bench_moe.py k=4, µs grouped MMA /
 # dequant + grouped_mm: qwen128 gate (128 experts 2048x768) at 32 rows per expert 145 / 267, at 64

@@ -413,11 +413,11 @@ GSK_MAX_ROWS = 4  # rows per pass: the kernel is instantiated for 1..4
 
 
 def grouped_gemv_sk_config(dev: torch.device, sfx: str, k: int, rows: int, n_exp: int, n: int,
-                           nb: int) -> tuple[int, int, int]:
-    """(mp, max_items, ctas) for the grouped stream-K GEMV: rows per pass (the expected rows per
-    active expert, at most 4), the bound on (expert, pass) items, and a one-wave grid (resident
+                           nb: int, mp: int | None = None) -> tuple[int, int, int]:
+    """(mp, max_items, ctas) for the grouped stream-K GEMV: rows per pass (dispatch.grouped_sk_rows
+    unless given, at most 4), the bound on (expert, pass) items, and a one-wave grid (resident
     CTAs per SM x SMs, fewer when even max_items cannot feed them); ctas 0 = not usable (k = 5)."""
-    mp = min(GSK_MAX_ROWS, dispatch.grouped_rows_per_expert(rows, n_exp))
+    mp = min(GSK_MAX_ROWS, mp or dispatch.grouped_sk_rows(rows, n_exp))
     slots = min(n_exp, rows)
     max_items = (rows + slots * (mp - 1)) // mp
     if k > 4:
@@ -458,7 +458,7 @@ def grouped_mma_config(rows: int, n_exp: int, n: int, nb: int, sms: int, bm: int
 
 def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch.Tensor, codebook: torch.Tensor,
                  offsets: torch.Tensor, k: int, out_features: int, path: str, bm: int | None = None,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+                 out: torch.Tensor | None = None, mp: int | None = None) -> torch.Tensor:
     """y [rows, out] for a contiguous 2-D fp16/bf16 x (rows sorted by expert) through one kernel.
 
     offsets: int32 [E + 1] on the device. Paths: "gemv" is the stream-K GEMV over the active
@@ -466,8 +466,8 @@ def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
     (dispatch.grouped_slot_gemv), else the slot GEMV; "gemv_sk" / "gemv_slot" name one of them
     (gemv_sk falls back as gemv does where stream-K is not usable); "mma" the grouped MMA (row tile
     bm, default by the expected rows per expert); "wgmma" the Hopper kernel (k <= 4, wgmma_ok; bm
-    its row tile of 16, 32 or 64). Public so tests and benchmarks can run every
-    path; out, if given, receives the result (tests poison it).
+    its row tile of 16, 32 or 64). mp forces the stream-K GEMV's rows per pass (1..4). Public so
+    tests and benchmarks can run every path; out, if given, receives the result (tests poison it).
     """
     rows, in_f = x2.shape
     nb = in_f // 32
@@ -481,7 +481,7 @@ def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
     stream = _stream(dev)
     n_tiles = (out_features + 127) // 128
     if path in ("gemv", "gemv_sk") and not dispatch.deterministic():
-        mp, max_items, ctas = grouped_gemv_sk_config(dev, sfx, k, rows, n_exp, out_features, nb)
+        mp, max_items, ctas = grouped_gemv_sk_config(dev, sfx, k, rows, n_exp, out_features, nb, mp)
         if ctas > 0 and (path == "gemv_sk" or not dispatch.grouped_slot_gemv(
                 slots, n_tiles, nb, torch.cuda.get_device_capability(dev))):
             acc = scratch(dev, "accum", max_items * n_tiles * 128 * mp)
