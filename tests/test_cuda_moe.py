@@ -95,14 +95,13 @@ def test_kbit_grouped_all_paths(k, dtype, in_f, out_f, n_exp, gen):
         offs = _offsets(n_exp, rows, gen)
         x = torch.randn(rows, in_f, device=DEV, dtype=dtype)
         want = _reference(x, w64, offs)
-        runs = [("gemv", None), ("gemv_sk", None), ("gemv_slot", None)] + [("mma", bm) for bm in KBIT_BMS]
-        runs += [("gemv_sk", -mp) for mp in range(1, cuda_ops.GSK_MAX_ROWS + 1)]  # each rows-per-pass (bm=-mp)
+        runs = [("gemv", {}), ("gemv_sk", {}), ("gemv_slot", {})] + [("mma", {"bm": bm}) for bm in KBIT_BMS]
+        runs += [("gemv_sk", {"mp": mp}) for mp in range(1, cuda_ops.GSK_MAX_ROWS + 1)]  # each rows-per-pass
         if cuda_ops.wgmma_ok(DEV, k):
-            runs += [("wgmma", r) for r in cuda_ops.WGMMA_ROW_TILES]  # the Hopper kernel, each row tile
+            runs += [("wgmma", {"bm": r}) for r in cuda_ops.WGMMA_ROW_TILES]  # the Hopper kernel, each row tile
         if dtype == torch.bfloat16:
-            runs.append(("dequant", None))  # every expert dequantized + torch's grouped GEMM (bf16 prefill)
-        for path, bm in runs:
-            kw = {"mp": -bm} if bm is not None and bm < 0 else {"bm": bm}
+            runs.append(("dequant", {}))  # every expert dequantized + torch's grouped GEMM (bf16 prefill)
+        for path, kw in runs:
             y = cuda_ops.grouped_path(x, pt, at, cb, offs, k, out_f, path, out=_poisoned(rows, out_f, dtype), **kw)
             _check(y, want, KBIT_TOL[dtype], f"rows={rows} {path} {kw} offsets={offs.tolist()}")
         y = ops.kbit_grouped_linear(x, pt, at, cb, offs, k, out_f)  # the op's own dispatch
