@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import torch
 
 from kbit_vllm.backends.cuda import library
@@ -32,3 +35,22 @@ def assert_close_max_norm(y: torch.Tensor, want: torch.Tensor, tol: float, what:
     assert not torch.isnan(y).any(), f"{what}: NaN output (unwritten, or an input read too early)"
     err = max_norm_rel_err(y, want)
     assert err < tol, f"{what}: max-norm relative error {err:.3g}"
+
+
+_Out = TypeVar("_Out")
+
+
+def captured(call: Callable[[], _Out], warmups: int = 1) -> tuple[torch.CUDAGraph, _Out]:
+    """(graph, its output) of call captured once, after warmups calls on a side stream (the lazy
+    set-up an op does on its first calls, such as occupancy queries and scratch buffers, stays out
+    of the capture)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warmups):
+            call()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = call()
+    return g, y

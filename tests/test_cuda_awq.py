@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cuda_helpers import max_norm_rel_err, poison_allocator
+from cuda_helpers import captured, max_norm_rel_err, poison_allocator
 
 import kbit_vllm
 from kbit_vllm import ops
@@ -181,15 +181,7 @@ def test_gemv_sk_graph_replay(big_layer, m: int, monkeypatch) -> None:
         return bool(((a.double() - b.double()).abs().max() / b.double().abs().max()) < 1e-2)
 
     eager = ops.awq_linear(x, wq, sz, bias, 128, out_f)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            ops.awq_linear(x, wq, sz, bias, 128, out_f)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        y = ops.awq_linear(x, wq, sz, bias, 128, out_f)
+    g, y = captured(lambda: ops.awq_linear(x, wq, sz, bias, 128, out_f), warmups=2)
     for _ in range(3):
         y.fill_(float("nan"))
         g.replay()
@@ -277,14 +269,7 @@ def _op_dispatch_and_replays(monkeypatch, m: int, in_f: int, out_f: int, path: s
     _check(eager, x, w64, bias, dtype, "op")
     forced = awq_ops.linear_path(x, wq, sz, bias, 128, out_f, path)
     assert (eager.double() - forced.double()).abs().max() <= 1e-2 * forced.double().abs().max()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        ops.awq_linear(x, wq, sz, bias, 128, out_f)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        y = ops.awq_linear(x, wq, sz, bias, 128, out_f)
+    g, y = captured(lambda: ops.awq_linear(x, wq, sz, bias, 128, out_f))
     for _ in range(3):
         y.fill_(float("nan"))
         g.replay()

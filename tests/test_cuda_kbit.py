@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cuda_helpers import assert_close_max_norm, cuda_kernels_ok, poison_allocator
+from cuda_helpers import assert_close_max_norm, captured, cuda_kernels_ok, poison_allocator
 
 from kbit_vllm import ops
 from kbit_vllm.backends import reference as ref
@@ -289,15 +289,7 @@ def test_graph_replay_equals_eager(m, dtype, deterministic, monkeypatch):
         return bool(((a.double() - b.double()).abs().max() / b.double().abs().max()) < 1e-2)
 
     eager = ops.kbit_linear(x, pt, at, cb, bias, k, out_f)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            ops.kbit_linear(x, pt, at, cb, bias, k, out_f)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        y = ops.kbit_linear(x, pt, at, cb, bias, k, out_f)
+    g, y = captured(lambda: ops.kbit_linear(x, pt, at, cb, bias, k, out_f), warmups=2)
     for _ in range(3):
         y.fill_(float("nan"))
         g.replay()
@@ -362,14 +354,7 @@ def _forced_path_graph_replay(path: str, m: int, dtype) -> None:
     w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64)
     bias = torch.randn(out_f, device=DEV, dtype=dtype)
     x = torch.randn(m, in_f, device=DEV, dtype=dtype)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        cuda_ops.linear_path(x, pt, at, cb, bias, k, out_f, path)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        y = cuda_ops.linear_path(x, pt, at, cb, bias, k, out_f, path)
+    g, y = captured(lambda: cuda_ops.linear_path(x, pt, at, cb, bias, k, out_f, path))
     for _ in range(3):
         x.copy_(torch.randn_like(x))
         y.fill_(float("nan"))

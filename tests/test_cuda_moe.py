@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cuda_helpers import cuda_kernels_ok
+from cuda_helpers import captured, cuda_kernels_ok
 
 from kbit_vllm import ops
 from kbit_vllm.formats import dequantize_kbit, normal_float_codebook, quantize_awq_rtn, unpack_awq
@@ -194,15 +194,7 @@ def _graph_check(run, x: torch.Tensor, offs: torch.Tensor, n_exp: int, gen: torc
     (exact), else to 1e-2 (float-atomic sums; every replay must still be right, so the kernels'
     accumulators and counters are left zeroed)."""
     run()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            run()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        y = run()
+    g, y = captured(run, warmups=2)
     for _ in range(3):
         offs.copy_(_offsets(n_exp, x.shape[0], gen))
         x.copy_(torch.randn_like(x))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cuda_helpers import assert_close_max_norm, cuda_kernels_ok, poison_allocator
+from cuda_helpers import assert_close_max_norm, captured, cuda_kernels_ok, poison_allocator
 
 from kbit_vllm import ops
 from kbit_vllm.formats import dequantize_kbit, normal_float_codebook, quantize_awq_rtn, unpack_awq
@@ -50,14 +50,7 @@ def _check_chain(links, w64s, x: torch.Tensor, tol: float) -> None:
     outs = _run_chain(links, x)
     for i, w in enumerate(w64s):
         _close(outs[i + 1], outs[i], w, tol, f"eager link {i}")
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        _run_chain(links, x)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        gouts = _run_chain(links, x)
+    g, gouts = captured(lambda: _run_chain(links, x))
     for _ in range(3):
         x.copy_(torch.randn_like(x))
         for y in gouts[1:]:
@@ -146,14 +139,7 @@ def test_grouped_gemv_reads_fresh_offsets(dtype):
     offs, y, y2 = layer(x)
     check(offs, x, y)
     check(offs, y, y2)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        layer(x)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        goffs, gy, gy2 = layer(x)
+    g, (goffs, gy, gy2) = captured(lambda: layer(x))
     for _ in range(3):
         new_routing()
         x.copy_(torch.randn_like(x))
