@@ -62,14 +62,15 @@ __global__ void __launch_bounds__(kWgThreads, 2)
                         min(kWgBK, nb - st * kWgBK), tiles);
         ptx::tma_load_2d(base, &tm_x, st * kWgBK * 32, xrow0, bar);
     };
+    // The first stages are requested before the tables are built, so the build hides under their
+    // latency; the barrier after it publishes the tables and the initialized mbarriers.
     if (tid == 0) {
         for (int i = 0; i < S::kSlots; ++i) ptx::mbar_init(bars + i * 8, 1);
         ptx::mbar_init_fence();
+        for (int s = 0; s < S::kAhead && s < n; ++s) load(s);
     }
     kw_build_tables<K, T>(tbl, codebook, tid);
-    __syncthreads();  // publishes the tables and the initialized mbarriers
-    if (tid == 0)
-        for (int s = 0; s < S::kAhead && s < n; ++s) load(s);
+    __syncthreads();
 
     const KwLane L = KwLane::make(tid);
     float acc[2][R / 2];  // [m64 tile][fragment]

@@ -90,20 +90,20 @@ __global__ void __launch_bounds__(kWgThreads, 2)
                          n.mt * kWgRows, bars + slot * 8);
     };
 
+    // The first stages' weights are requested, then the tables built, while the previous kernel
+    // may still run (PDL, pdl.cuh); x follows pdl_wait. Weights first, so that after a kernel
+    // without PDL (vLLM's norms and activations) the build hides under their latency: 1-3 µs per
+    // call at M = 32..64 (RESULTS.md, session 14). The barrier after the build publishes the tables
+    // and the initialized mbarriers.
+    pdl_trigger();
     if (tid == 0) {
         for (int i = 0; i < kWgSlots; ++i) ptx::mbar_init(bars + i * 8, 1);
         ptx::mbar_init_fence();
-    }
-    // The tables are built and the first stages' weights requested while the previous kernel may
-    // still run (PDL, pdl.cuh); x follows pdl_wait. The barrier after the build publishes the
-    // tables and the initialized mbarriers.
-    pdl_trigger();
-    kw_build_tables<K, T>(tbl, codebook, tid);
-    __syncthreads();
-    if (tid == 0) {
         SkUnit n = lc;
         for (int s = 0; s < kWgAhead && u0 + s < u1; ++s, n.next(nst, m_tiles)) load_w(n, s);
     }
+    kw_build_tables<K, T>(tbl, codebook, tid);
+    __syncthreads();
     pdl_wait();
     if (tid == 0) {
         for (int s = 0; s < kWgAhead && u0 + s < u1; ++s, lc.next(nst, m_tiles)) load_x(lc, s);
