@@ -131,6 +131,18 @@ def test_wgmma_tile_rows() -> None:
     assert {m: ops.wgmma_tile_rows(m) for m in expect} == expect
 
 
+def test_wgmma_one_cta_rule() -> None:
+    """H200: the kbit wgmma kernel runs one CTA per SM on o_proj-sized layers from M=17 and on
+    qkv-sized ones from M=33 (fewer partial tiles); the large layers keep two per SM, and other
+    GPUs have no rule."""
+    from kbit_vllm.backends.cuda import dispatch
+
+    o, qkv, gate_up, down = 4096 * 4096, 4096 * 6144, 4096 * 28672, 14336 * 4096
+    one = {(w, m): dispatch.wgmma_one_cta((9, 0), w, m) for w in (o, qkv, gate_up, down) for m in (16, 17, 32, 33, 64)}
+    assert {key for key, v in one.items() if v} == {(o, 17), (o, 32), (o, 33), (o, 64), (qkv, 33), (qkv, 64)}
+    assert not dispatch.wgmma_one_cta((8, 9), o, 64)
+
+
 def test_awq_tensor_core_gemv_rules() -> None:
     """H200: the tensor-core GEMV takes M = 2..8 on layers above 100 M weights and M = 2..4 above
     4 M, before the wgmma rules; nowhere without the Hopper kernels, at M = 1 or on tiny layers."""

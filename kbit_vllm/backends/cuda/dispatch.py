@@ -88,6 +88,23 @@ WGMMA_ROWS: dict[tuple[int, int], tuple[int, int]] = {
     (9, 0): (17, 192),
 }
 
+# Layers (weights at most, first row) on which the wgmma kernel runs one CTA per SM instead of a
+# full wave of two: on small layers two CTAs per SM split each row tile into more partial tiles,
+# whose fp32 reductions and the ramp-up of more CTAs outweigh the second CTA's overlap. H200
+# 2026-11-22 session 14, k=4 bf16, µs behind a kernel without PDL that writes x (as vLLM runs
+# them), 132 / 264 CTAs: 4096x4096 M=32 15.4 / 16.3, M=64 18.9 / 22.3; 4096x6144 M=32 18.8 /
+# 18.1, M=64 22.2 / 23.6; 14336x4096 M=64 37.8 / 34.9.
+WGMMA_ONE_CTA: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {
+    (9, 0): ((17 << 20, 17), (26 << 20, 33)),
+}
+
+
+def wgmma_one_cta(capability: tuple[int, int], weights: int, m: int) -> bool:
+    """Whether the wgmma kernel runs one CTA per SM for an m-row activation of a layer with that
+    many weights (WGMMA_ONE_CTA)."""
+    return any(weights <= w and m >= r for w, r in WGMMA_ONE_CTA.get(capability, ()))
+
+
 # Before any of those, the tensor-core GEMV (csrc/kbit_gemv_tc.cu, same conditions as wgmma): rules
 # (layer weights above, first row, last row), the first rule the layer is above decides. H200
 # 2026-11-22 session 12, k=4 fp16 µs, gemv_tc / the best other kernel (stream-K GEMV at M <= 3, MMA
