@@ -6,6 +6,9 @@ the median per-call time. Floor = bytes moved (weights + absmax + x + y) / measu
 bandwidth. Prints per-M tables and a per-k summary; writes everything as JSON.
 
 Usage (GPU machine, repo root): python benchmarks/bench_kbit.py [--json PATH] [--quick]
+--behind-writer times every call (ours, cuBLAS, tinygemm) behind a kernel without PDL that writes
+its x, as in vLLM, where the norms and activations before each linear give our kernels' prologue
+nothing to overlap (RESULTS.md, session 14).
 """
 
 from __future__ import annotations
@@ -89,6 +92,26 @@ def time_graph(calls, reps: int = 7) -> float:
     return statistics.median(ts)
 
 
+# --behind-writer: time every call behind a kernel without PDL that writes its x, as vLLM's norms,
+# activations and attention run before every linear (no overlap of our kernels' prologue with the
+# kernel before them), and take that kernel's own time off.
+BEHIND_WRITER = False
+
+
+def timed(calls, x: torch.Tensor) -> float:
+    """time_graph(calls), or under BEHIND_WRITER each call after torch.mul writing x (x's values
+    unchanged) minus the time of that writer alone."""
+    if not BEHIND_WRITER:
+        return time_graph(calls)
+    src = x.clone()
+
+    def writer():
+        torch.mul(src, 1.0, out=x)
+
+    pair = time_graph([(lambda c=c: (writer(), c())) for c in calls])
+    return pair - time_graph([writer] * 64)
+
+
 def n_copies(nbytes: int, cap: int = 400) -> int:
     return max(2, min(cap, math.ceil(ROTATE_BYTES / max(nbytes, 1))))
 
@@ -123,21 +146,21 @@ def bench_shape(name: str, in_f: int, out_f: int, ks: list[int], ms: list[int], 
                 def mk(c, path=path, x=x, cb=cb, k=k):
                     return lambda: cuda_ops.linear_path(x, c[0], c[1], cb, None, k, out_f, path)
                 try:
-                    r[path] = time_graph([mk(c) for c in copies])
+                    r[path] = timed([mk(c) for c in copies], x)
                 except Exception as e:  # report, keep going
                     print(f"# {name} k={k} M={m} {path} failed: {e}", file=sys.stderr)
-            r["op"] = time_graph([(lambda c=c, x=x, cb=cb, k=k: ops.kbit_linear(x, c[0], c[1], cb, None, k, out_f))
-                                  for c in copies])
+            r["op"] = timed([(lambda c=c, x=x, cb=cb, k=k: ops.kbit_linear(x, c[0], c[1], cb, None, k, out_f))
+                             for c in copies], x)
             r["floor"] = (wbytes + 2 * m * (in_f + out_f)) / bw * 1e6
             rows.append(r)
     for m in ms:  # cuBLAS fp16 and tinygemm, once per shape
         x = torch.randn(m, in_f, device="cuda", dtype=dt)
-        t16 = time_graph([(lambda wc=wc, x=x: F.linear(x, wc)) for wc in w16])
+        t16 = timed([(lambda wc=wc, x=x: F.linear(x, wc)) for wc in w16], x)
         tt = None
         if tiny is not None and m in (1, 16):
             xb = x.to(torch.bfloat16)
             try:
-                tt = time_graph([(lambda q=q, xb=xb: torch._weight_int4pack_mm(xb, q[0], 128, q[1])) for q in tiny])
+                tt = timed([(lambda q=q, xb=xb: torch._weight_int4pack_mm(xb, q[0], 128, q[1])) for q in tiny], xb)
             except Exception as e:
                 print(f"# tinygemm {name} M={m} failed: {e}", file=sys.stderr)
         for r in rows:
@@ -231,8 +254,15 @@ def main() -> None:
                     help="activation dtype (cuBLAS runs in the same dtype)")
     ap.add_argument("--mma-variants", action="store_true",
                     help="also time the MMA with 128- and 256-feature row tiles and its kernel variants (mma_v1..)")
+    ap.add_argument("--behind-writer", action="store_true",
+                    help="time every call behind a kernel without PDL that writes x, as in vLLM (that kernel's "
+                         "time taken off)")
     args = ap.parse_args()
+    global BEHIND_WRITER
+    BEHIND_WRITER = args.behind_writer
     bw, dev = start_run()
+    if BEHIND_WRITER:
+        print("# every call behind a kernel without PDL that writes its x; that kernel's time taken off")
     ks = [4] if args.quick else KS
     if args.ks:
         ks = [int(v) for v in args.ks.split(",")]
