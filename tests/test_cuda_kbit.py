@@ -24,6 +24,7 @@ _OK, _WHY = cuda_kernels_ok()
 pytestmark = pytest.mark.skipif(not _OK, reason=f"CUDA kbit kernels unavailable: {_WHY}")
 
 if _OK:
+    from kbit_vllm.backends.cuda import dispatch
     from kbit_vllm.backends.cuda import ops as cuda_ops
     from kbit_vllm.backends.cuda.cargs import SUFFIX
 
@@ -145,6 +146,33 @@ def test_mma_variants_match_reference(k, dtype, in_f, out_f):
             poison_allocator(m * out_f * 2)
             y = cuda_ops.linear_path(x, pt, at, cb, b, k, out_f, path)
             _check_linear(y, x, w64, b, dtype)
+
+
+@pytest.mark.parametrize("k", (2, 3, 4))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("one_cta", (False, True))
+def test_wgmma_grids(k, dtype, one_cta, monkeypatch):
+    """The wgmma kernel on both grids: a full wave of two CTAs per SM and the one CTA per SM that
+    dispatch.WGMMA_ONE_CTA picks for small layers, on a layer with more (row tile, stage) units than
+    either grid has CTAs, at row tiles of 32 and 64 and two x row tiles, against float64 on outputs
+    poisoned with NaN first."""
+    dev = torch.device(DEV)
+    if not cuda_ops.wgmma_ok(dev, k):
+        pytest.skip("wgmma needs compute capability 9.0 and an sm_90a library")
+    monkeypatch.setitem(dispatch.WGMMA_ONE_CTA, (9, 0), ((1 << 40, 1),) if one_cta else ())
+    in_f, out_f = 4096, 2053
+    packed, absmax, cb = _weights(out_f, in_f, k)
+    pt, at = ops.kbit_repack(packed, absmax, k)
+    w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64)
+    bias = torch.randn(out_f, device=DEV, dtype=dtype)
+    for m in (17, 32, 33, 64, 100):
+        _, ctas, _ = cuda_ops.wgmma_config(dev, SUFFIX[dtype], k, m, out_f, in_f // 32)
+        assert (ctas <= cuda_ops._sms(dev)) == one_cta
+        x = torch.randn(m, in_f, device=DEV, dtype=dtype)
+        b = bias if m % 2 else None
+        poison_allocator(m * out_f * 2)
+        y = cuda_ops.linear_path(x, pt, at, cb, b, k, out_f, "wgmma")
+        _check_linear(y, x, w64, b, dtype)
 
 
 def test_linear_leading_dims_and_fp32():
