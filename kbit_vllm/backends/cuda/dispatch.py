@@ -89,8 +89,9 @@ WGMMA_ROWS: dict[tuple[int, int], tuple[int, int]] = {
 }
 
 # Layers (weights at most, first row) on which the wgmma kernel runs one CTA per SM instead of a
-# full wave of two: on small layers two CTAs per SM split each row tile into more partial tiles,
-# whose fp32 reductions and the ramp-up of more CTAs outweigh the second CTA's overlap. H200
+# full wave of two: on small layers a CTA has only a few stages, and a second one per SM (twice
+# the CTAs, each with its prologue and its share of a split row tile) costs more than its overlap
+# gains. H200
 # 2026-11-22 session 14, k=4 bf16, µs behind a kernel without PDL that writes x (as vLLM runs
 # them), 132 / 264 CTAs: 4096x4096 M=32 15.4 / 16.3, M=64 18.9 / 22.3; 4096x6144 M=32 18.8 /
 # 18.1, M=64 22.2 / 23.6; 14336x4096 M=64 37.8 / 34.9.

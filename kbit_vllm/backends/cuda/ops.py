@@ -232,7 +232,7 @@ SK_WARPS = 8  # warps per CTA of the stream-K GEMV (csrc/kbit_gemv_sk.cu)
 # 11.8 / 11.8, 4096x4096 11.8 / 9.3; M=4 4096x6144 (2.9) 13.2 / 14.8, 4096x4096 (1.9) 12.2 / 11.5.
 # M=1 moved from 1.0 to 1.5 in session 14: behind a kernel without PDL that writes x (as vLLM runs
 # them; `bench_kbit.py --behind-writer`), k=4 bf16, 4096x4096 (1.3 units per warp) 10.9 / 8.9,
-# 4096x6144 (1.9) 10.7 / 11.3: there the stream-K table build and partial tiles are not hidden.
+# 4096x6144 (1.9) 10.7 / 11.3 (with PDL overlap, as in the session 5 numbers, stream-K won both).
 SK_MIN_UNITS: dict[int, float] = {1: 1.5, 2: 3.0, 3: 2.5, 4: 2.5}
 
 
