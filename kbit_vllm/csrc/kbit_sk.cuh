@@ -46,6 +46,20 @@ __device__ __forceinline__ void build_wide_lut(uint32_t* tbl, const float* __res
     }
 }
 
+// The four E4M4 scales of an absmax word (byte r = row r), exact. raw << 6 read as fp16 bits is
+// exactly the value / 16 for every code (e >= 1: 2^(e-15) (1 + m/16) against 2^(e-11) (1 + m/16);
+// e = 0: the fp16 subnormal m 2^-18 against m 2^-14), and times 16 it is a normal fp16: two byte
+// permutes, two shifts, two half2 multiplies and four conversions for four rows.
+__device__ __forceinline__ void decode_e4m4_x4(uint32_t a, float (&s)[4]) {
+    const half2 k16 = __float2half2_rn(16.f);
+    const float2 lo = __half22float2(__hmul2(bits_h2(__byte_perm(a, 0u, 0x4140u) << 6), k16));
+    const float2 hi = __half22float2(__hmul2(bits_h2(__byte_perm(a, 0u, 0x4342u) << 6), k16));
+    s[0] = lo.x;
+    s[1] = lo.y;
+    s[2] = hi.x;
+    s[3] = hi.y;
+}
+
 template <int K>
 __device__ __forceinline__ void sk_load(const uint4* __restrict__ P, const uint32_t* __restrict__ A, long long u,
                                         int lane, uint4 (&p)[K], uint32_t& a) {
@@ -82,11 +96,14 @@ __device__ __forceinline__ void sk_unit(const uint4 (&p)[K], uint32_t a, const u
         for (int g = 0; g < 4; ++g) gw[r][g] = g ? rotr32(group_word<K>(wr, g), g) : group_word<K>(wr, 0);
     }
     float s[4];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) s[r] = decode_e4m4_fast((a >> (8 * r)) & 0xFFu);
+    decode_e4m4_x4(a, s);
 
     if constexpr (std::is_same<T, half>::value || kScaledBf16 || kXShared) {
-        // half2 FMA over 8 pairs, then flushed to fp32 times the block scale.
+        // half2 FMA, flushed to fp32 times the block scale every 8 pairs (16 products per half).
+        // Scaled x (|x| < 2^10, see row_scales) flushes once per block (32 pairs): a half then
+        // sums 16 products of |w| <= 1, below 2^14, and its rounding stays far under the bf16
+        // output's. fp16 x is not scaled, so it keeps the shorter sums.
+        constexpr bool kOneFlush = kScaledBf16 || kXShared;
         half2 hp[4][M];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -101,7 +118,7 @@ __device__ __forceinline__ void sk_unit(const uint4 (&p)[K], uint32_t a, const u
                     xi[m].w = bf16x2_to_scaled_h2(xi[m].w, xscale[m]);
                 }
             }
-            if (i == 0 || i == 2) {
+            if (i == 0 || (i == 2 && !kOneFlush)) {
 #pragma unroll
                 for (int r = 0; r < 4; ++r)
 #pragma unroll
