@@ -25,7 +25,7 @@ import torch
 
 from . import ops
 from .formats import AWQ_ORDER, normal_float_codebook
-from .formats.kbit_layout import tiled_bit_position
+from .formats.kbit_layout import tiled_bit_position, tiled_word
 
 TOL = {torch.float16: 1e-2, torch.bfloat16: 2e-2, torch.float32: 1e-4}
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -63,13 +63,14 @@ def ref_codes_serialized(packed: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def ref_codes_tiled(packed_tiled: torch.Tensor, k: int, out_features: int) -> torch.Tensor:
-    """Tiled [(nt, nb, k, 128)] -> codes [out, nb*32], element e of plane b at tiled_bit_position(e, b)."""
+    """Tiled [(nt, nb, k, 128)] -> codes [out, nb*32], bit b of element e at tiled_bit_position(e, b)
+    of word tiled_word(e, b, k), one bit at a time."""
     nt, nb, _, tn = packed_tiled.shape
     w = packed_tiled.to(torch.int64) & 0xFFFFFFFF  # [nt, nb, k, tn]
     codes = torch.zeros(nt, nb, tn, 32, dtype=torch.int64, device=w.device)
     for b in range(k):
-        pos = torch.tensor([tiled_bit_position(e, b) for e in range(32)], device=w.device)
-        codes |= ((w[:, :, b, :, None] >> pos) & 1) << b
+        for e in range(32):
+            codes[..., e] |= ((w[:, :, tiled_word(e, b, k), :] >> tiled_bit_position(e, b)) & 1) << b
     return codes.permute(0, 2, 1, 3).reshape(nt * tn, nb * 32)[:out_features]
 
 

@@ -24,7 +24,7 @@ from kbit_vllm.formats import (
     unpack_awq,
     unpack_bitplanes,
 )
-from kbit_vllm.formats.kbit_layout import TILE_N, tiled_bit_position
+from kbit_vllm.formats.kbit_layout import TILE_N, tiled_bit_position, tiled_word
 
 BITS = (2, 3, 4, 5)
 
@@ -229,22 +229,25 @@ def test_tiled_round_trip(k: int, out_f: int, in_f: int, gen: torch.Generator) -
         assert not pt[-1, :, :, TILE_N - pad:].any() and not at[-1, :, TILE_N - pad:].any()
 
 
-def test_tiled_position(gen: torch.Generator) -> None:
-    """Row r, block j, plane b lands in word [r // 128, j, b, r % 128], element e of the block at
-    bit tiled_bit_position(e, b) (a fixed permutation that the kernels' decode relies on)."""
-    k, out_f, nb = 3, 300, 4
+@pytest.mark.parametrize("k", [3, 4, 5])
+def test_tiled_position(k: int, gen: torch.Generator) -> None:
+    """Row r, block j lands in words [r // 128, j, :, r % 128], bit b of element e's code at bit
+    tiled_bit_position(e, b) of word tiled_word(e, b, k) (the order the kernels' decode relies on:
+    planes for k < 4, group words for k >= 4)."""
+    out_f, nb = 300, 4
     packed = torch.randint(-(2**31), 2**31 - 1, (out_f, nb * k), generator=gen, dtype=torch.int32)
     absmax = torch.randint(0, 255, (out_f, nb), generator=gen, dtype=torch.uint8)
     pt, at = to_tiled(packed, absmax, k)
-    for r, j, b in [(0, 0, 0), (129, 2, 1), (299, 3, 2)]:
-        src = int(packed[r, j * k + b]) & 0xFFFFFFFF
-        dst = int(pt[r // 128, j, b, r % 128]) & 0xFFFFFFFF
-        for e in range(32):
-            assert (src >> e) & 1 == (dst >> tiled_bit_position(e, b)) & 1
+    for r, j in [(0, 0), (129, 2), (299, 3)]:
+        for b in range(k):
+            src = int(packed[r, j * k + b]) & 0xFFFFFFFF
+            for e in range(32):
+                dst = int(pt[r // 128, j, tiled_word(e, b, k), r % 128]) & 0xFFFFFFFF
+                assert (src >> e) & 1 == (dst >> tiled_bit_position(e, b)) & 1, (r, j, b, e)
         assert at[r // 128, j, r % 128] == absmax[r, j]
-    # the permutation is a bijection on the 32 bits of every plane
-    for b in range(5):
-        assert sorted(tiled_bit_position(e, b) for e in range(32)) == list(range(32))
+    # every bit of a (row, block)'s k words holds exactly one (element, bit)
+    slots = sorted((tiled_word(e, b, k), tiled_bit_position(e, b)) for e in range(32) for b in range(k))
+    assert slots == [(w, q) for w in range(k) for q in range(32)]
 
 
 # --- AWQ ------------------------------------------------------------------------------------------

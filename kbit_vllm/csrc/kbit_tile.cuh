@@ -2,11 +2,13 @@
 // that reads packed_tiled [n_tiles, nb, k, 128] / absmax_tiled [n_tiles, nb, 128].
 //
 // Element e of a block is (group g, field n): g = (e >> 1) & 3, n = (e & 1) | (e >> 3) << 1.
-// Tiled plane b keeps element (g, n) at bit (4n + g + b) mod 32. Group g's code nibbles are
-// gathered from planes 0..3 with bit-selects (group_word), and field n's code is the low bits
-// of rotr(word, 4n + g). The codebook lives in lane registers (lane l holds
-// codebook[l mod 2^k]) and is read with __shfl_sync, which only looks at the low 5 index bits,
-// so no masking is needed: bits above k (garbage, see group_word) are ignored by the modulo.
+// Bit b of element (g, n) sits at bit (4n + g + b) mod 32 of word b for k = 2, 3 (bit planes)
+// and of word g for k = 4, 5 (group words; bit 4 of a k = 5 code in word 4). Group g's code
+// nibbles are one word: the group word itself for k >= 4, bit-selects of the planes for k < 4
+// (group_word); field n's code is the low bits of rotr(word, 4n + g). The codebook lives in lane
+// registers (lane l holds codebook[l mod 2^k]) and is read with __shfl_sync, which only looks at
+// the low 5 index bits, so no masking is needed: bits above k (garbage, see group_word) are
+// ignored by the modulo.
 #pragma once
 #include "common.cuh"
 
@@ -29,20 +31,34 @@ __device__ __forceinline__ float lane_codebook(const float* codebook, int lane) 
     return codebook[lane & ((1 << K) - 1)];
 }
 
-// Bits of planes 0..min(K,4)-1 belonging to group g, one word: position 4n + g + b (mod 32) from
-// plane b. A tree of bit-selects (one LOP3 each: 3 for K >= 4, where a mask-and-or chain takes 4);
-// for K < 4 the positions of bits b >= K hold bits of other planes, which every decoder ignores
-// (the pair tables mask them, the lane codebook repeats with period 2^K).
-__device__ __forceinline__ uint32_t bitsel(uint32_t m, uint32_t a, uint32_t b) { return (a & m) | (b & ~m); }
+// The bit-select of m ? a : b, written as lop3 in PTX: from (a & m) | (b & ~m) with constant masks
+// the compiler regroups a tree of them into and-or chains of about 5 LOP3 per word.
+__device__ __forceinline__ uint32_t bitsel(uint32_t m, uint32_t a, uint32_t b) {
+    uint32_t d;  // truth table of m ? a : b over inputs (m, a, b) = (0xF0, 0xCC, 0xAA)
+    asm("lop3.b32 %0, %1, %2, %3, 0xCA;" : "=r"(d) : "r"(m), "r"(a), "r"(b));
+    return d;
+}
+
+// Words 0..3 in the other order: plane words -> group words, or group words -> plane words (the
+// swap is its own inverse). Word g takes the bits at positions q with (q - g) mod 4 = b from
+// word b, a tree of three bit-selects. The repack runs it for k >= 4; for k < 4 it is the decode
+// (bits of planes b >= k then hold bits of other planes, which every decoder ignores: the pair
+// tables mask them, the lane codebook repeats with period 2^k).
 template <int K>
-__device__ __forceinline__ uint32_t group_word(const uint32_t* p, int g) {
+__device__ __forceinline__ uint32_t swap_groups(const uint32_t* p, int g) {
     const uint32_t m0 = 0x11111111u << g;                    // bit 0 of each code
     const uint32_t m01 = m0 | (0x11111111u << ((g + 1) & 3));  // bits 0 and 1
     if constexpr (K == 2) return bitsel(m0, p[0], p[1]);
     if constexpr (K == 3) return bitsel(m01, bitsel(m0, p[0], p[1]), p[2]);
-    if constexpr (K >= 4)
-        return bitsel(m01, bitsel(m0, p[0], p[1]), bitsel(0x11111111u << ((g + 2) & 3), p[2], p[3]));
-    return p[0] & m0;
+    return bitsel(m01, bitsel(m0, p[0], p[1]), bitsel(0x11111111u << ((g + 2) & 3), p[2], p[3]));
+}
+
+// Bits 0..min(K,4)-1 of group g's codes, one word (positions 4n + g + b): for K >= 4 the stored
+// group word (a select when g is not a compile-time constant), for K < 4 the planes' bit-selects.
+template <int K>
+__device__ __forceinline__ uint32_t group_word(const uint32_t* p, int g) {
+    if constexpr (K >= 4) return g == 0 ? p[0] : g == 1 ? p[1] : g == 2 ? p[2] : p[3];
+    return swap_groups<K>(p, g);
 }
 
 // Codebook index of field n given xr = rotr(group_word, g) and zr = rotr(plane4, g) (k=5 only).

@@ -15,11 +15,16 @@ Bit order inside a tiled word (differs from the serialized word, where bit e is 
 element e of the block is named (group g, field n) with g = (e >> 1) & 3 and
 n = (e & 1) | (e >> 3) << 1, i.e. group g holds elements 2g + {0, 1, 8, 9, 16, 17, 24, 25},
 exactly the 8 k-rows one thread of an mma.m16n8k16 B fragment needs (thread lane % 4 == g).
-Plane b stores element (g, n) at bit (4n + g + b) mod 32. So for b < 4 the bits of group g
-sit at positions = g + b (mod 4): three bit-selects (lop3) of the planes give one word whose
-nibble n, after rotating right by 4n + g, is element (g, n)'s code (plane 4, for k = 5,
-rotated the same way, lands at bit 4). Decoding 8 codes costs ~3 + 8 integer ops instead
-of k shift/and/or per element.
+Bit b of element (g, n)'s code sits at bit (4n + g + b) mod 32 of word tiled_word(e, b, k):
+- k = 2, 3: word b (bit plane b). The bits of group g sit at positions = g + b (mod 4), so one
+  or two bit-selects (lop3) of the planes give one word whose nibble n, after rotating right by
+  4n + g, holds element (g, n)'s code (the bits above k belong to other planes; decoders ignore
+  them).
+- k = 4, 5: bits 0..3 in word g (the group word, no selects needed: a kernel reads it as is, and
+  a lane that decodes one group needs one word), bit 4 (k = 5) in word 4. Words 0..3 are the k = 2,
+  3 planes' bits with plane and group swapped: the same positions, a bit of position q in word
+  ((q - g) mod 4) of one order is in word ((q - b) mod 4) of the other, so the swap is its own
+  inverse.
 """
 
 from __future__ import annotations
@@ -34,6 +39,11 @@ def tiled_bit_position(e: int, b: int) -> int:
     g = (e >> 1) & 3
     n = (e & 1) | ((e >> 3) << 1)
     return (4 * n + g + b) % 32
+
+
+def tiled_word(e: int, b: int, k: int) -> int:
+    """Which of the k tiled words of a (row, block) holds bit b of element e's code."""
+    return (e >> 1) & 3 if k >= 4 and b < 4 else b
 
 
 def _byte_luts(perm: list[int]) -> torch.Tensor:
@@ -57,17 +67,35 @@ def _apply(w: torch.Tensor, luts: torch.Tensor) -> torch.Tensor:
     return luts[0][w & 255] | luts[1][(w >> 8) & 255] | luts[2][(w >> 16) & 255] | luts[3][(w >> 24) & 255]
 
 
-def _permute_bits(words: torch.Tensor, k: int, to_tile: bool) -> torch.Tensor:
-    """words [..., k, T] int32; move bit e of plane b to tiled_bit_position(e, b) or back.
+# Word g of the k >= 4 order takes the bits at positions q with (q - g) mod 4 = b from plane b.
+_GROUP_MASKS = torch.tensor([[0x11111111 << ((g + b) & 3) for b in range(4)] for g in range(4)], dtype=torch.int64)
 
-    Byte lookup tables plus a per-plane rotation: a handful of tensor ops, not 32 * k.
+
+def _swap_groups(w: torch.Tensor) -> torch.Tensor:
+    """[..., k, T] int64 words, k >= 4: words 0..3 from plane order to group order (or back: the
+    swap is its own inverse); word 4 stays."""
+    head = w[..., :4, :].unsqueeze(-3)  # [..., 1, 4 (b), T]
+    groups = (head & _GROUP_MASKS.to(w.device)[:, :, None]).sum(dim=-2)  # disjoint masks: sum = or
+    return torch.cat([groups, w[..., 4:, :]], dim=-2)
+
+
+def _permute_bits(words: torch.Tensor, k: int, to_tile: bool) -> torch.Tensor:
+    """words [..., k, T] int32; move bit e of plane b to tiled_bit_position(e, b) of word
+    tiled_word(e, b, k), or back.
+
+    Byte lookup tables plus a per-plane rotation (and, for k >= 4, the group swap): a handful of
+    tensor ops, not 32 * k.
     """
     w = words.to(torch.int64) & 0xFFFFFFFF
     b = torch.arange(k, dtype=torch.int64, device=w.device).view(k, 1)
     if to_tile:
         w = _apply(w, _LUT_TO)
         out = ((w << b) | (w >> (32 - b))) & 0xFFFFFFFF
+        if k >= 4:
+            out = _swap_groups(out)
     else:
+        if k >= 4:
+            w = _swap_groups(w)
         w = ((w >> b) | (w << (32 - b))) & 0xFFFFFFFF
         out = _apply(w, _LUT_FROM)
     return torch.where(out >= 2**31, out - 2**32, out).to(torch.int32)
