@@ -28,8 +28,8 @@ namespace kbit {
 
 
 // From each thread's max |x| per row: the power of two that maps the block's max below 2^10, so
-// the fp16 half2 partial sums (8 products of |w| <= 1) stay far from overflow, and its inverse,
-// which undoes it on output. Inf rows keep scale 1 (NaN is ignored by fmaxf) and propagate.
+// the fp16 half2 partial sums (at most 16 products of |w| <= 1 per half, see sk_unit) stay far
+// from overflow, and its inverse, which undoes it on output. Inf rows keep scale 1 (NaN is ignored by fmaxf) and propagate.
 // Starts and ends with a block barrier's worth of ordering: call it from every thread.
 template <int M>
 __device__ __forceinline__ void block_scales(const float (&mx)[M], float (&xscale)[M], float (&xinv)[M]) {
@@ -136,38 +136,76 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
     const long long u0 = sk_start(w, units, warps), u1 = sk_start(w + 1, units, warps);
 
     pdl_trigger();
-    // Weights and the table only until pdl_wait (pdl.cuh): the first unit's loads and the table
-    // build overlap the previous kernel's tail.
+    // Weights, codebook and table only until pdl_wait (pdl.cuh): the first unit's loads and the
+    // table build overlap the previous kernel's tail. XS builds the table after pdl_wait instead,
+    // under the first loads of x: behind a kernel without PDL (vLLM's norms) nothing overlaps, and
+    // the codebook's and x's round trips then run side by side instead of one after the other
+    // (H200, bf16 M=1 behind such a kernel: 4096x28672 23.2 -> 22.1 us, 14336x4096 15.4 -> 14.7;
+    // without XS, where x is read in the unit loop, the earlier build is faster).
     uint4 p[K];
     uint32_t a;
     sk_load<K>(packed_t, absmax_t, u0, lane, p, a);
-    build_wide_lut<K>(tbl, codebook);
+    const float cbl = lane_codebook<K>(codebook, lane);
+    if constexpr (!XS) build_wide_lut_lanes<K>(tbl, cbl);
     pdl_wait();
     float xscale[M], xinv[M];
     if constexpr (XS) {
         // Only the blocks of this CTA's units: consecutive units, so blocks jb0, jb0 + 1, ... mod nb.
-        // Raw bf16 words go to their staging slot while the max is taken; after the scale is known
-        // each thread converts the slots it wrote itself (no barrier needed between).
+        // A round loads up to kXsLoads uint4 per thread before it stores any (no round trip per
+        // word); raw bf16 words go to their staging slot while the max is taken; after the scale
+        // is known each thread converts the slots it wrote itself (no barrier needed between).
+        constexpr int kXsLoads = 4;
         const long long c0 = sk_start(static_cast<long long>(blockIdx.x) * kSkWarps, units, warps);
         const long long c1 = sk_start(static_cast<long long>(blockIdx.x + 1) * kSkWarps, units, warps);
         const int span = static_cast<int>(c1 - c0 < nb ? c1 - c0 : nb);
         const int jb0 = static_cast<int>(c0 % nb);
-        const uint32_t* xw = reinterpret_cast<const uint32_t*>(x);
-        float mx[1] = {0.f};
-        for (int q = threadIdx.x; q < span * 16; q += blockDim.x) {  // 16 words (32 values) per block
-            int jb = jb0 + (q >> 4);
+        const uint4* xq = reinterpret_cast<const uint4*>(x);
+        auto slot_of = [&](int q) -> uint4* {  // uint4 q of the span: block jb0 + q / 4 (mod nb), quarter q % 4
+            int jb = jb0 + (q >> 2);
             if (jb >= nb) jb -= nb;
-            const uint32_t v = __ldg(xw + jb * 16 + (q & 15));
-            tbl[staged_x_word(jb) + (q & 15)] = v;
-            const float2 f = bf16x2_to_float2(v);
-            mx[0] = fmaxf(mx[0], fmaxf(fabsf(f.x), fabsf(f.y)));
+            return reinterpret_cast<uint4*>(tbl + staged_x_word(jb)) + (q & 3);
+        };
+        auto src_of = [&](int q) -> const uint4* {
+            int jb = jb0 + (q >> 2);
+            if (jb >= nb) jb -= nb;
+            return xq + jb * 4 + (q & 3);
+        };
+        float mx[1] = {0.f};
+        bool built = false;
+        for (int base = 0; base < span * 4; base += kXsLoads * static_cast<int>(blockDim.x)) {  // block-uniform
+            uint4 v[kXsLoads];
+#pragma unroll
+            for (int r = 0; r < kXsLoads; ++r) {
+                const int q = base + r * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x);
+                if (q < span * 4) v[r] = __ldg(src_of(q));
+            }
+            if (!built) {  // under the first round's loads
+                build_wide_lut_lanes<K>(tbl, cbl);
+                built = true;
+            }
+#pragma unroll
+            for (int r = 0; r < kXsLoads; ++r) {
+                const int q = base + r * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x);
+                if (q < span * 4) {
+                    *slot_of(q) = v[r];
+                    const uint32_t w[4] = {v[r].x, v[r].y, v[r].z, v[r].w};
+#pragma unroll
+                    for (int t = 0; t < 4; ++t) {
+                        const float2 f = bf16x2_to_float2(w[t]);
+                        mx[0] = fmaxf(mx[0], fmaxf(fabsf(f.x), fabsf(f.y)));
+                    }
+                }
+            }
         }
         block_scales<1>(mx, xscale, xinv);
-        for (int q = threadIdx.x; q < span * 16; q += blockDim.x) {
-            int jb = jb0 + (q >> 4);
-            if (jb >= nb) jb -= nb;
-            uint32_t& slot = tbl[staged_x_word(jb) + (q & 15)];
-            slot = bf16x2_to_scaled_h2(slot, xscale[0]);
+        for (int q = threadIdx.x; q < span * 4; q += blockDim.x) {
+            uint4* s = slot_of(q);
+            uint4 u = *s;
+            u.x = bf16x2_to_scaled_h2(u.x, xscale[0]);
+            u.y = bf16x2_to_scaled_h2(u.y, xscale[0]);
+            u.z = bf16x2_to_scaled_h2(u.z, xscale[0]);
+            u.w = bf16x2_to_scaled_h2(u.w, xscale[0]);
+            *s = u;
         }
         __syncthreads();
     } else {

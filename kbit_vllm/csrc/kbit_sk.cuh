@@ -60,6 +60,18 @@ __device__ __forceinline__ void decode_e4m4_x4(uint32_t a, float (&s)[4]) {
     s[3] = hi.y;
 }
 
+// build_wide_lut from the lane codebook (lane l holds codebook[l mod 2^K]: lane_codebook) by
+// shuffles, so no load waits inside the loop; every thread of full warps calls it.
+template <int K, typename P = half, int RowWords = 64>
+__device__ __forceinline__ void build_wide_lut_lanes(uint32_t* tbl, float cbl) {
+    for (int i = threadIdx.x; i < 256 * 8; i += blockDim.x) {  // warp-uniform trip count
+        const int e = i >> 3, q = i & 7;
+        const float lo = __shfl_sync(0xffffffffu, cbl, e & 15), hi = __shfl_sync(0xffffffffu, cbl, e >> 4);
+        const uint32_t w = pack2<P>(lo, hi);
+        reinterpret_cast<uint4*>(tbl + e * RowWords)[q] = make_uint4(w, w, w, w);
+    }
+}
+
 template <int K>
 __device__ __forceinline__ void sk_load(const uint4* __restrict__ P, const uint32_t* __restrict__ A, long long u,
                                         int lane, uint4 (&p)[K], uint32_t& a) {
