@@ -63,14 +63,14 @@ def ref_codes_serialized(packed: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def ref_codes_tiled(packed_tiled: torch.Tensor, k: int, out_features: int) -> torch.Tensor:
-    """Tiled [(nt, nb, k, 128)] -> codes [out, nb*32], bit b of element e at tiled_bit_position(e, b)
+    """Tiled [(nt, nb, k, 128)] -> codes [out, nb*32], bit b of element e at tiled_bit_position(e, b, k)
     of word tiled_word(e, b, k), one bit at a time."""
     nt, nb, _, tn = packed_tiled.shape
     w = packed_tiled.to(torch.int64) & 0xFFFFFFFF  # [nt, nb, k, tn]
     codes = torch.zeros(nt, nb, tn, 32, dtype=torch.int64, device=w.device)
     for b in range(k):
         for e in range(32):
-            codes[..., e] |= ((w[:, :, tiled_word(e, b, k), :] >> tiled_bit_position(e, b)) & 1) << b
+            codes[..., e] |= ((w[:, :, tiled_word(e, b, k), :] >> tiled_bit_position(e, b, k)) & 1) << b
     return codes.permute(0, 2, 1, 3).reshape(nt * tn, nb * 32)[:out_features]
 
 

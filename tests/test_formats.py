@@ -232,8 +232,8 @@ def test_tiled_round_trip(k: int, out_f: int, in_f: int, gen: torch.Generator) -
 @pytest.mark.parametrize("k", [3, 4, 5])
 def test_tiled_position(k: int, gen: torch.Generator) -> None:
     """Row r, block j lands in words [r // 128, j, :, r % 128], bit b of element e's code at bit
-    tiled_bit_position(e, b) of word tiled_word(e, b, k) (the order the kernels' decode relies on:
-    planes for k < 4, group words for k >= 4)."""
+    tiled_bit_position(e, b, k) of word tiled_word(e, b, k) (the order the kernels' decode relies
+    on: planes for k < 4, group words for k >= 4)."""
     out_f, nb = 300, 4
     packed = torch.randint(-(2**31), 2**31 - 1, (out_f, nb * k), generator=gen, dtype=torch.int32)
     absmax = torch.randint(0, 255, (out_f, nb), generator=gen, dtype=torch.uint8)
@@ -243,10 +243,10 @@ def test_tiled_position(k: int, gen: torch.Generator) -> None:
             src = int(packed[r, j * k + b]) & 0xFFFFFFFF
             for e in range(32):
                 dst = int(pt[r // 128, j, tiled_word(e, b, k), r % 128]) & 0xFFFFFFFF
-                assert (src >> e) & 1 == (dst >> tiled_bit_position(e, b)) & 1, (r, j, b, e)
+                assert (src >> e) & 1 == (dst >> tiled_bit_position(e, b, k)) & 1, (r, j, b, e)
         assert at[r // 128, j, r % 128] == absmax[r, j]
     # every bit of a (row, block)'s k words holds exactly one (element, bit)
-    slots = sorted((tiled_word(e, b, k), tiled_bit_position(e, b)) for e in range(32) for b in range(k))
+    slots = sorted((tiled_word(e, b, k), tiled_bit_position(e, b, k)) for e in range(32) for b in range(k))
     assert slots == [(w, q) for w in range(k) for q in range(32)]
 
 

@@ -237,10 +237,10 @@ __global__ void __launch_bounds__(kLutMaxThreads, 4) gemv_lut_kernel(
                     for (int g = 0; g < 4; ++g) {
                         const uint32_t gw = group_word<K>(p[u], g);
                         half2 w[4];
-                        w[0] = *reinterpret_cast<const half2*>(tblc + lut_off<0>(gw, g, lane4));
-                        w[1] = *reinterpret_cast<const half2*>(tblc + lut_off<1>(gw, g, lane4));
-                        w[2] = *reinterpret_cast<const half2*>(tblc + lut_off<2>(gw, g, lane4));
-                        w[3] = *reinterpret_cast<const half2*>(tblc + lut_off<3>(gw, g, lane4));
+                        w[0] = *reinterpret_cast<const half2*>(tblc + lut_off<0>(gw, lane4));
+                        w[1] = *reinterpret_cast<const half2*>(tblc + lut_off<1>(gw, lane4));
+                        w[2] = *reinterpret_cast<const half2*>(tblc + lut_off<2>(gw, lane4));
+                        w[3] = *reinterpret_cast<const half2*>(tblc + lut_off<3>(gw, lane4));
 #pragma unroll
                         for (int m = 0; m < M; ++m) {
                             const uint4 xv = reinterpret_cast<const uint4*>(xs_raw)[(m * chunk + jl) * 4 + g];
@@ -265,10 +265,10 @@ __global__ void __launch_bounds__(kLutMaxThreads, 4) gemv_lut_kernel(
                     for (int g = 0; g < 4; ++g) {
                         const uint32_t gw = group_word<K>(p[u], g);
                         float2 w[4];
-                        w[0] = __half22float2(*reinterpret_cast<const half2*>(tblc + lut_off<0>(gw, g, lane4)));
-                        w[1] = __half22float2(*reinterpret_cast<const half2*>(tblc + lut_off<1>(gw, g, lane4)));
-                        w[2] = __half22float2(*reinterpret_cast<const half2*>(tblc + lut_off<2>(gw, g, lane4)));
-                        w[3] = __half22float2(*reinterpret_cast<const half2*>(tblc + lut_off<3>(gw, g, lane4)));
+                        w[0] = __half22float2(*reinterpret_cast<const half2*>(tblc + lut_off<0>(gw, lane4)));
+                        w[1] = __half22float2(*reinterpret_cast<const half2*>(tblc + lut_off<1>(gw, lane4)));
+                        w[2] = __half22float2(*reinterpret_cast<const half2*>(tblc + lut_off<2>(gw, lane4)));
+                        w[3] = __half22float2(*reinterpret_cast<const half2*>(tblc + lut_off<3>(gw, lane4)));
 #pragma unroll
                         for (int m = 0; m < M; ++m) {
                             const float4* xv = reinterpret_cast<const float4*>(xs_raw) + ((m * chunk + jl) * 4 + g) * 2;

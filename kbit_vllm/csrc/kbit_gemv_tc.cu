@@ -140,14 +140,14 @@ __global__ void __launch_bounds__(kTcThreads, 1)
             for (int p = 0; p < K; ++p)
                 pw[p] = *reinterpret_cast<const uint4*>(sl + (p * kTileN + 32 * j + 4 * r) * 4);
             const uint32_t ab = *reinterpret_cast<const uint32_t*>(sl + K * kTileN * 4 + 32 * j + 4 * r);
-            uint32_t gw[4];  // rotr(group word, g) of feature 32j + 4r + e
+            uint32_t gw[4];  // group word (nibble n = field n) of feature 32j + 4r + e
             float sc[4];     // its block scale
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 uint32_t pv[K];
 #pragma unroll
                 for (int p = 0; p < K; ++p) pv[p] = e == 0 ? pw[p].x : e == 1 ? pw[p].y : e == 2 ? pw[p].z : pw[p].w;
-                gw[e] = rotr32(group_word<K>(pv, g), g);
+                gw[e] = group_word<K>(pv, g);
                 sc[e] = stbl[__byte_perm(ab, 0u, 0x4440u | e)];
             }
 #pragma unroll

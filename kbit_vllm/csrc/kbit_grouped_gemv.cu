@@ -62,10 +62,10 @@ __device__ __forceinline__ void pairs_half(const uint32_t (&p)[K], int g, float 
                                            uint32_t lane4, half2 (&w)[4]) {
     if constexpr (K <= 4) {
         const uint32_t gw = group_word<K>(p, g);
-        w[0] = *reinterpret_cast<const half2*>(tblc + lut_off<0>(gw, g, lane4));
-        w[1] = *reinterpret_cast<const half2*>(tblc + lut_off<1>(gw, g, lane4));
-        w[2] = *reinterpret_cast<const half2*>(tblc + lut_off<2>(gw, g, lane4));
-        w[3] = *reinterpret_cast<const half2*>(tblc + lut_off<3>(gw, g, lane4));
+        w[0] = *reinterpret_cast<const half2*>(tblc + lut_off<0>(gw, lane4));
+        w[1] = *reinterpret_cast<const half2*>(tblc + lut_off<1>(gw, lane4));
+        w[2] = *reinterpret_cast<const half2*>(tblc + lut_off<2>(gw, lane4));
+        w[3] = *reinterpret_cast<const half2*>(tblc + lut_off<3>(gw, lane4));
     } else {
         float v[8];
         decode_group<K>(p, g, cbl, v);

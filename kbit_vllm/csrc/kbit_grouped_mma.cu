@@ -192,10 +192,10 @@ __global__ void __launch_bounds__(kGmThreads, GmmaCfg<K, BM>::kMinCtas) grouped_
                 if constexpr (S::kLut) {
                     const uint32_t gw = group_word<K>(p, g);
                     const uint32_t s2 = pack2<T>(sc, sc);
-                    bf[s][0] = lut_b<T, 0>(tblc, gw, g, lane4, s2);
-                    bf[s][1] = lut_b<T, 1>(tblc, gw, g, lane4, s2);
-                    bf[s][2] = lut_b<T, 2>(tblc, gw, g, lane4, s2);
-                    bf[s][3] = lut_b<T, 3>(tblc, gw, g, lane4, s2);
+                    bf[s][0] = lut_b<T, 0>(tblc, gw, lane4, s2);
+                    bf[s][1] = lut_b<T, 1>(tblc, gw, lane4, s2);
+                    bf[s][2] = lut_b<T, 2>(tblc, gw, lane4, s2);
+                    bf[s][3] = lut_b<T, 3>(tblc, gw, lane4, s2);
                 } else {
                     shfl_b4<T, K>(p, g, cbl, sc, bf[s]);
                 }

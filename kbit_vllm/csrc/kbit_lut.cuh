@@ -2,9 +2,9 @@
 //
 // Shared memory holds [256 pair codes][32 lanes] 32-bit words: entry e = (codebook[e & 15],
 // codebook[e >> 4]) as two 16-bit values, replicated per lane so a warp's 32 random lookups hit
-// 32 distinct banks. In the tiled bit order (kbit_tile.cuh), byte i of rotr(group_word(g), g)
-// holds the codes of elements 8i + 2g (low nibble) and 8i + 2g + 1 (high nibble): one rotate and
-// one mask give the table address of that pair. Pair i of group g is exactly one register of an
+// 32 distinct banks. Byte i of group_word(g) (kbit_tile.cuh) holds the codes of elements
+// 8i + 2g (low nibble) and 8i + 2g + 1 (high nibble): one rotate and one mask give the table
+// address of that pair. Pair i of group g is exactly one register of an
 // mma.m16n8k16 B fragment for lane % 4 == g: i = 0 / 1 are b0 / b1 of the block's first k16,
 // i = 2 / 3 those of its second k16.
 #pragma once
@@ -22,12 +22,12 @@ __device__ __forceinline__ float2 bf16x2_to_float2(uint32_t u) {
     return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xFFFF0000u));
 }
 
-// Shared address offset (bytes, lane column included) of the table entry for pair I of group g.
+// Shared address offset (bytes, lane column included) of the table entry for pair I of a group
+// whose group word (nibble n = field n) is v.
 template <int I>
-__device__ __forceinline__ uint32_t lut_off(uint32_t gw, int g, uint32_t lane4) {
-    // rotr(gw, g) has code (g, n) in nibble n; rotating a further 8i - 7 puts byte i at bits 7..14.
-    const uint32_t v = rotr32(gw, (g + 8 * I + 25) & 31);
-    return (v & 0x7F80u) | lane4;
+__device__ __forceinline__ uint32_t lut_off(uint32_t v, uint32_t lane4) {
+    // rotating right by 8i - 7 puts byte i at bits 7..14
+    return (rotr32(v, (8 * I + 25) & 31) & 0x7F80u) | lane4;
 }
 
 // Fill the table with 16-bit values of type P (half or __nv_bfloat16); bits of a code above k

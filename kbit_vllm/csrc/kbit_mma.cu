@@ -484,13 +484,13 @@ __global__ void __launch_bounds__(kMmaThreads, MmaCfg<K, MB, TW, V>::kMinBlocks)
 #pragma unroll
                         for (int s = 0; s < NS; ++s) {
                             uint32_t o0, o1;
-                            if constexpr (S::kWideLut) {  // pair bytes 2kk, 2kk + 1 of rotr(group word, g)
-                                const uint32_t v = rotr32(gw[s], g);
+                            if constexpr (S::kWideLut) {  // pair bytes 2kk, 2kk + 1 of the group word
+                                const uint32_t v = gw[s];
                                 o0 = wide_lut_off(v, 2 * kk, lane4);
                                 o1 = wide_lut_off(v, 2 * kk + 1, lane4);
                             } else {
-                                o0 = kk == 0 ? lut_off<0>(gw[s], g, lane4) : lut_off<2>(gw[s], g, lane4);
-                                o1 = kk == 0 ? lut_off<1>(gw[s], g, lane4) : lut_off<3>(gw[s], g, lane4);
+                                o0 = kk == 0 ? lut_off<0>(gw[s], lane4) : lut_off<2>(gw[s], lane4);
+                                o1 = kk == 0 ? lut_off<1>(gw[s], lane4) : lut_off<3>(gw[s], lane4);
                             }
                             bf[s][0] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + o0), s2[s]);
                             bf[s][1] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + o1), s2[s]);

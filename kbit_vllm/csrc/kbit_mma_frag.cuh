@@ -24,8 +24,8 @@ __device__ __forceinline__ uint32_t mul2<__nv_bfloat16>(uint32_t a, uint32_t b) 
 // B register I (pair I of group g: b0 / b1 of the block's k16 half I / 2) of one n8 sub-tile:
 // the table pair times the block scale pair s2.
 template <typename T, int I>
-__device__ __forceinline__ uint32_t lut_b(const char* tblc, uint32_t gw, int g, uint32_t lane4, uint32_t s2) {
-    return mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + lut_off<I>(gw, g, lane4)), s2);
+__device__ __forceinline__ uint32_t lut_b(const char* tblc, uint32_t gw, uint32_t lane4, uint32_t s2) {
+    return mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + lut_off<I>(gw, lane4)), s2);
 }
 
 // The four B registers of one n8 sub-tile for k = 5 (codebook values by lane shuffle, times sc).

@@ -1,7 +1,7 @@
 // kbit repack / unrepack: serialized [out, nb*k] + [out, nb]  <->  tiled layout (load time).
 // One thread per (tile row, block); threads of a CTA are the 128 rows of one n-tile, so the
 // tiled side is read and written coalesced. Bit order per kbit_tile.cuh (planes, then for k >= 4
-// the group swap).
+// the group swap and word g rotated right by g).
 #include "kbit_tile.cuh"
 
 namespace kbit {
@@ -23,7 +23,8 @@ __global__ void repack_kernel(const uint32_t* __restrict__ packed, const uint8_t
         for (int e = 0; e < 32; ++e) o[b] |= ((w >> e) & 1u) << tiled_bit_pos(e, b);
     }
 #pragma unroll
-    for (int b = 0; b < K; ++b) packed_t[(tb * K + b) * kTileN + r] = K >= 4 && b < 4 ? swap_groups<4>(o, b) : o[b];
+    for (int b = 0; b < K; ++b)
+        packed_t[(tb * K + b) * kTileN + r] = K >= 4 && b < 4 ? rotr32(swap_groups<4>(o, b), b) : o[b];
     absmax_t[tb * kTileN + r] = valid ? absmax[static_cast<size_t>(row) * nb + j] : 0;
 }
 
@@ -36,10 +37,13 @@ __global__ void unrepack_kernel(const uint32_t* __restrict__ packed_t, const uin
     const size_t tb = (static_cast<size_t>(t) * nb + j);
     uint32_t pt[K];
 #pragma unroll
-    for (int b = 0; b < K; ++b) pt[b] = packed_t[(tb * K + b) * kTileN + r];
+    for (int b = 0; b < K; ++b) {
+        const uint32_t w = packed_t[(tb * K + b) * kTileN + r];
+        pt[b] = K >= 4 && b < 4 ? rotr32(w, (32 - b) & 31) : w;  // group word b back to its unrotated bits
+    }
 #pragma unroll
     for (int b = 0; b < K; ++b) {
-        const uint32_t w = K >= 4 && b < 4 ? swap_groups<4>(pt, b) : pt[b];
+        const uint32_t w = K >= 4 && b < 4 ? swap_groups<4>(pt, b) : pt[b];  // planes
         uint32_t o = 0;
 #pragma unroll
         for (int e = 0; e < 32; ++e) o |= ((w >> tiled_bit_pos(e, b)) & 1u) << e;

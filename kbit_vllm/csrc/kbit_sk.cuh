@@ -98,14 +98,14 @@ __device__ __forceinline__ void sk_unit(const uint4 (&p)[K], uint32_t a, const u
                                         const int (&xoff)[MA], const char* tblc, uint32_t lane4,
                                         float (&acc)[4][MA], const float* xscale = nullptr) {
     static_assert(M >= 1 && M <= MA, "rows within the caller's arrays");
-    uint32_t gw[4][4];  // rotr(group word, g): nibble n = code of field n
+    uint32_t gw[4][4];  // group words: nibble n = code of field n
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
         uint32_t wr[K];
 #pragma unroll
         for (int b = 0; b < K; ++b) wr[b] = r == 0 ? p[b].x : r == 1 ? p[b].y : r == 2 ? p[b].z : p[b].w;
 #pragma unroll
-        for (int g = 0; g < 4; ++g) gw[r][g] = g ? rotr32(group_word<K>(wr, g), g) : group_word<K>(wr, 0);
+        for (int g = 0; g < 4; ++g) gw[r][g] = group_word<K>(wr, g);
     }
     float s[4];
     decode_e4m4_x4(a, s);

@@ -2,13 +2,13 @@
 // that reads packed_tiled [n_tiles, nb, k, 128] / absmax_tiled [n_tiles, nb, 128].
 //
 // Element e of a block is (group g, field n): g = (e >> 1) & 3, n = (e & 1) | (e >> 3) << 1.
-// Bit b of element (g, n) sits at bit (4n + g + b) mod 32 of word b for k = 2, 3 (bit planes)
-// and of word g for k = 4, 5 (group words; bit 4 of a k = 5 code in word 4). Group g's code
-// nibbles are one word: the group word itself for k >= 4, bit-selects of the planes for k < 4
-// (group_word); field n's code is the low bits of rotr(word, 4n + g). The codebook lives in lane
-// registers (lane l holds codebook[l mod 2^k]) and is read with __shfl_sync, which only looks at
-// the low 5 index bits, so no masking is needed: bits above k (garbage, see group_word) are
-// ignored by the modulo.
+// For k = 2, 3 bit b of element (g, n) sits at bit (4n + g + b) mod 32 of word b (bit planes);
+// for k = 4, 5 bits 0..3 sit at bit 4n + b of word g (group words) and bit 4 (k = 5) at bit
+// (4n + g + 4) mod 32 of word 4. group_word gives group g's codes as one word whose nibble n is
+// field n's code (bits 0..3): the stored word for k >= 4, bit-selects of the planes and a
+// rotation for k < 4. The codebook lives in lane registers (lane l holds codebook[l mod 2^k]) and
+// is read with __shfl_sync, which only looks at the low 5 index bits, so no masking is needed:
+// bits above k (garbage, see swap_groups) are ignored by the modulo.
 #pragma once
 #include "common.cuh"
 
@@ -39,11 +39,11 @@ __device__ __forceinline__ uint32_t bitsel(uint32_t m, uint32_t a, uint32_t b) {
     return d;
 }
 
-// Words 0..3 in the other order: plane words -> group words, or group words -> plane words (the
-// swap is its own inverse). Word g takes the bits at positions q with (q - g) mod 4 = b from
-// word b, a tree of three bit-selects. The repack runs it for k >= 4; for k < 4 it is the decode
-// (bits of planes b >= k then hold bits of other planes, which every decoder ignores: the pair
-// tables mask them, the lane codebook repeats with period 2^k).
+// Words 0..3 in the other order: plane words -> unrotated group words, or back (the swap is its
+// own inverse). Word g takes the bits at positions q with (q - g) mod 4 = b from word b, a tree of
+// three bit-selects. The repack runs it (then rotates word g right by g) for k >= 4; for k < 4 it
+// is the decode (bits of planes b >= k then hold bits of other planes, which every decoder
+// ignores: the pair tables mask them, the lane codebook repeats with period 2^k).
 template <int K>
 __device__ __forceinline__ uint32_t swap_groups(const uint32_t* p, int g) {
     const uint32_t m0 = 0x11111111u << g;                    // bit 0 of each code
@@ -53,15 +53,16 @@ __device__ __forceinline__ uint32_t swap_groups(const uint32_t* p, int g) {
     return bitsel(m01, bitsel(m0, p[0], p[1]), bitsel(0x11111111u << ((g + 2) & 3), p[2], p[3]));
 }
 
-// Bits 0..min(K,4)-1 of group g's codes, one word (positions 4n + g + b): for K >= 4 the stored
-// group word (a select when g is not a compile-time constant), for K < 4 the planes' bit-selects.
+// Bits 0..min(K,4)-1 of group g's codes, one word, nibble n = field n: for K >= 4 the stored
+// group word (a select when g is not a compile-time constant), for K < 4 the planes' bit-selects
+// (positions 4n + g + b) rotated right by g.
 template <int K>
 __device__ __forceinline__ uint32_t group_word(const uint32_t* p, int g) {
     if constexpr (K >= 4) return g == 0 ? p[0] : g == 1 ? p[1] : g == 2 ? p[2] : p[3];
-    return swap_groups<K>(p, g);
+    return rotr32(swap_groups<K>(p, g), g);
 }
 
-// Codebook index of field n given xr = rotr(group_word, g) and zr = rotr(plane4, g) (k=5 only).
+// Codebook index of field n given xr = group_word and zr = rotr(word 4, g) (k=5 only).
 template <int K>
 __device__ __forceinline__ uint32_t field_index(uint32_t xr, uint32_t zr, int n) {
     if constexpr (K == 5) {
@@ -76,7 +77,7 @@ __device__ __forceinline__ uint32_t field_index(uint32_t xr, uint32_t zr, int n)
 // Decode the 8 codebook values (unscaled) of group g from the k plane words.
 template <int K>
 __device__ __forceinline__ void decode_group(const uint32_t* p, int g, float cbl, float (&v)[8]) {
-    const uint32_t xr = rotr32(group_word<K>(p, g), g);
+    const uint32_t xr = group_word<K>(p, g);
     const uint32_t zr = K == 5 ? rotr32(p[K == 5 ? 4 : 0], g) : 0u;
 #pragma unroll
     for (int n = 0; n < 8; ++n)

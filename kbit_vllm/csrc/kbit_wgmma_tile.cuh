@@ -116,13 +116,13 @@ __device__ __forceinline__ void kw_stage(const unsigned char* slot, uint32_t slo
     kw_read_planes<K, R>(slot, L, 0, pw, ab);
 #pragma unroll
     for (int blk = 0; blk < kWgBK; ++blk) {
-        uint32_t gw[4], s2[4];  // rotr(group word, g) and the scale pair of features c0 + s
+        uint32_t gw[4], s2[4];  // group words and the scale pair of features c0 + s
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
             uint32_t p[K];
 #pragma unroll
             for (int b = 0; b < K; ++b) p[b] = s == 0 ? pw[b].x : s == 1 ? pw[b].y : s == 2 ? pw[b].z : pw[b].w;
-            gw[s] = rotr32(group_word<K>(p, L.g), L.g);
+            gw[s] = group_word<K>(p, L.g);
             s2[s] = tbl[kWgLutWords + __byte_perm(ab, 0u, 0x4440u | s)];
         }
         if (blk + 1 < kWgBK) kw_read_planes<K, R>(slot, L, blk + 1, pw, ab);  // overlaps this block's decode

@@ -15,16 +15,15 @@ Bit order inside a tiled word (differs from the serialized word, where bit e is 
 element e of the block is named (group g, field n) with g = (e >> 1) & 3 and
 n = (e & 1) | (e >> 3) << 1, i.e. group g holds elements 2g + {0, 1, 8, 9, 16, 17, 24, 25},
 exactly the 8 k-rows one thread of an mma.m16n8k16 B fragment needs (thread lane % 4 == g).
-Bit b of element (g, n)'s code sits at bit (4n + g + b) mod 32 of word tiled_word(e, b, k):
-- k = 2, 3: word b (bit plane b). The bits of group g sit at positions = g + b (mod 4), so one
-  or two bit-selects (lop3) of the planes give one word whose nibble n, after rotating right by
-  4n + g, holds element (g, n)'s code (the bits above k belong to other planes; decoders ignore
-  them).
-- k = 4, 5: bits 0..3 in word g (the group word, no selects needed: a kernel reads it as is, and
-  a lane that decodes one group needs one word), bit 4 (k = 5) in word 4. Words 0..3 are the k = 2,
-  3 planes' bits with plane and group swapped: the same positions, a bit of position q in word
-  ((q - g) mod 4) of one order is in word ((q - b) mod 4) of the other, so the swap is its own
-  inverse.
+Bit b of element (g, n)'s code sits at bit tiled_bit_position(e, b, k) of word tiled_word(e, b, k):
+- k = 2, 3: bit (4n + g + b) mod 32 of word b (bit plane b). The bits of group g sit at positions
+  = g + b (mod 4), so one or two bit-selects (lop3) of the planes and a rotation right by g give
+  one word whose nibble n holds element (g, n)'s code (the bits above k belong to other planes;
+  decoders ignore them).
+- k = 4, 5: bits 0..3 at bit 4n + b of word g (the group word: nibble n is field n's code, which
+  a kernel reads as is), bit 4 (k = 5) at bit (4n + g + 4) mod 32 of word 4. Built from the planes
+  of the k < 4 order: plane and group swapped (a bit of position q in plane (q - g) mod 4 moves to
+  word g, the same position), then word g rotated right by g.
 """
 
 from __future__ import annotations
@@ -34,11 +33,12 @@ import torch
 TILE_N = 128
 
 
-def tiled_bit_position(e: int, b: int) -> int:
-    """Bit of tiled plane word b that holds element e of the block (see module docstring)."""
+def tiled_bit_position(e: int, b: int, k: int = 2) -> int:
+    """Bit of tiled word tiled_word(e, b, k) that holds bit b of element e's code (see the module
+    docstring); k < 4 (the default) gives the bit-plane order the k >= 4 order starts from."""
     g = (e >> 1) & 3
     n = (e & 1) | ((e >> 3) << 1)
-    return (4 * n + g + b) % 32
+    return (4 * n + b) % 32 if k >= 4 and b < 4 else (4 * n + g + b) % 32
 
 
 def tiled_word(e: int, b: int, k: int) -> int:
@@ -56,7 +56,7 @@ def _byte_luts(perm: list[int]) -> torch.Tensor:
     return luts
 
 
-# tiled_bit_position(e, b) = (P0(e) + b) mod 32: a fixed permutation, then a rotation by b.
+# tiled_bit_position(e, b) (the k < 4 order) = (P0(e) + b) mod 32: a fixed permutation, then a rotation by b.
 _P0 = [tiled_bit_position(e, 0) for e in range(32)]
 _P0_INV = [_P0.index(p) for p in range(32)]
 _LUT_TO, _LUT_FROM = _byte_luts(_P0), _byte_luts(_P0_INV)
@@ -72,19 +72,28 @@ _GROUP_MASKS = torch.tensor([[0x11111111 << ((g + b) & 3) for b in range(4)] for
 
 
 def _swap_groups(w: torch.Tensor) -> torch.Tensor:
-    """[..., k, T] int64 words, k >= 4: words 0..3 from plane order to group order (or back: the
-    swap is its own inverse); word 4 stays."""
+    """[..., k, T] int64 words, k >= 4: words 0..3 from plane order to unrotated group order (or
+    back: the swap is its own inverse); word 4 stays."""
     head = w[..., :4, :].unsqueeze(-3)  # [..., 1, 4 (b), T]
     groups = (head & _GROUP_MASKS.to(w.device)[:, :, None]).sum(dim=-2)  # disjoint masks: sum = or
     return torch.cat([groups, w[..., 4:, :]], dim=-2)
 
 
+def _rotate_groups(w: torch.Tensor, right: bool) -> torch.Tensor:
+    """[..., k, T] int64 words, k >= 4: word g (g < 4) rotated right by g (or back); word 4 stays."""
+    k = w.shape[-2]
+    s = torch.tensor([g if g < 4 else 0 for g in range(k)], dtype=torch.int64, device=w.device).view(k, 1)
+    if not right:
+        s = (32 - s) % 32
+    return ((w >> s) | (w << ((32 - s) % 32))) & 0xFFFFFFFF
+
+
 def _permute_bits(words: torch.Tensor, k: int, to_tile: bool) -> torch.Tensor:
-    """words [..., k, T] int32; move bit e of plane b to tiled_bit_position(e, b) of word
+    """words [..., k, T] int32; move bit e of plane b to tiled_bit_position(e, b, k) of word
     tiled_word(e, b, k), or back.
 
-    Byte lookup tables plus a per-plane rotation (and, for k >= 4, the group swap): a handful of
-    tensor ops, not 32 * k.
+    Byte lookup tables plus a per-plane rotation (and, for k >= 4, the group swap and rotation): a
+    handful of tensor ops, not 32 * k.
     """
     w = words.to(torch.int64) & 0xFFFFFFFF
     b = torch.arange(k, dtype=torch.int64, device=w.device).view(k, 1)
@@ -92,10 +101,10 @@ def _permute_bits(words: torch.Tensor, k: int, to_tile: bool) -> torch.Tensor:
         w = _apply(w, _LUT_TO)
         out = ((w << b) | (w >> (32 - b))) & 0xFFFFFFFF
         if k >= 4:
-            out = _swap_groups(out)
+            out = _rotate_groups(_swap_groups(out), right=True)
     else:
         if k >= 4:
-            w = _swap_groups(w)
+            w = _swap_groups(_rotate_groups(w, right=False))
         w = ((w >> b) | (w << (32 - b))) & 0xFFFFFFFF
         out = _apply(w, _LUT_FROM)
     return torch.where(out >= 2**31, out - 2**32, out).to(torch.int32)
