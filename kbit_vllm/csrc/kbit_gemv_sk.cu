@@ -29,8 +29,8 @@ namespace kbit {
 
 // From each thread's max |x| per row: the power of two that maps the block's max below 2^10, so
 // the fp16 half2 partial sums (at most 16 products of |w| <= 1 per half, see sk_unit) stay far
-// from overflow, and its inverse, which undoes it on output. Inf rows keep scale 1 (NaN is ignored by fmaxf) and propagate.
-// Starts and ends with a block barrier's worth of ordering: call it from every thread.
+// from overflow, and its inverse, which undoes it on output. Inf rows keep scale 1 (NaN is
+// ignored by fmaxf) and propagate. Starts and ends with a block barrier's worth of ordering: call it from every thread.
 template <int M>
 __device__ __forceinline__ void block_scales(const float (&mx)[M], float (&xscale)[M], float (&xinv)[M]) {
     __shared__ float red[kSkWarps][M];
