@@ -33,9 +33,9 @@ import torch
 TILE_N = 128
 
 
-def tiled_bit_position(e: int, b: int, k: int = 2) -> int:
+def tiled_bit_position(e: int, b: int, k: int) -> int:
     """Bit of tiled word tiled_word(e, b, k) that holds bit b of element e's code (see the module
-    docstring); k < 4 (the default) gives the bit-plane order the k >= 4 order starts from."""
+    docstring); any k < 4 gives the bit-plane order the k >= 4 order starts from."""
     g = (e >> 1) & 3
     n = (e & 1) | ((e >> 3) << 1)
     return (4 * n + b) % 32 if k >= 4 and b < 4 else (4 * n + g + b) % 32
@@ -56,8 +56,9 @@ def _byte_luts(perm: list[int]) -> torch.Tensor:
     return luts
 
 
-# tiled_bit_position(e, b) (the k < 4 order) = (P0(e) + b) mod 32: a fixed permutation, then a rotation by b.
-_P0 = [tiled_bit_position(e, 0) for e in range(32)]
+# The bit-plane order (k < 4): tiled_bit_position(e, b, 2) = (P0(e) + b) mod 32, a fixed
+# permutation, then a rotation by b.
+_P0 = [tiled_bit_position(e, 0, 2) for e in range(32)]
 _P0_INV = [_P0.index(p) for p in range(32)]
 _LUT_TO, _LUT_FROM = _byte_luts(_P0), _byte_luts(_P0_INV)
 
