@@ -11,7 +11,8 @@ weights, enough copies that their *active* experts hold >= 256 MB (the ~60 MB L2
 them); median of replays, per call. Baselines in the same run: cuBLAS fp16 torch.bmm over the
 active experts' weights (pre-gathered, rows padded to the busiest expert: what a framework
 without a grouped GEMM runs), and torch._grouped_mm in bf16 (a grouped GEMM with device offsets)
-where this torch has it. Floor = (active experts' weight bytes + x + y) / measured HBM bandwidth.
+where this torch has it. kbit formats also run the op on bf16 x (op_bf16: what vLLM calls), against
+the same fp16 bmm. Floor = (active experts' weight bytes + x + y) / measured HBM bandwidth.
 
 Usage (GPU machine, repo root): python benchmarks/bench_moe.py [--json PATH] [--quick]
 """
@@ -168,6 +169,8 @@ def bench_shape(scen: str, n_exp: int, topk: int, shape: str, in_f: int, out_f: 
             gemv = "gemv" if f == "awq" else "gemv_sk"  # kbit: the stream-K GEMV itself
             runs = [("gemv", gemv, None, None)] if rpe <= 8 else []
             runs += [("mma", "mma", None, None), ("op", None, None, None)]
+            if f != "awq":  # bf16 x, as vLLM runs MoE models (its own kernels: staged x, dequant + grouped_mm)
+                runs.append(("op_bf16", None, None, None))
             if f in SWEEP_BM:  # every MMA row tile, to place the dispatch thresholds
                 runs += [(f"mma_bm{bm}", "mma", bm, None) for bm in SWEEP_BM[f]]
                 if f != "awq" and rpe <= 8:  # the fixed-order slot GEMV (deterministic mode's)
@@ -225,6 +228,8 @@ def print_tables(rows: list[dict]) -> None:
             for f in fmts:
                 r = _get(sel, tokens=t, format=f)
                 cell = "-" if r is None else f"{fmt(r.get('gemv'))} / {fmt(r.get('mma'))} / {fmt(r.get('op'))}"
+                if r is not None and r.get("op_bf16"):
+                    cell += f"; bf16 op {fmt(r['op_bf16'])}"
                 if r is not None and r.get("dequant_bf16"):
                     cell += f"; {fmt(r['dequant_bf16'])}"
                 if r is not None and r.get("wgmma"):
@@ -265,6 +270,13 @@ def print_summary(rows: list[dict]) -> None:
                 if sel and all(r.get("op") for r in sel):
                     parts.append(f"T={t}: {sum(r['fp16_bmm'] for r in sel) / sum(r['op'] for r in sel):.2f}x")
             print(f"{scen} {f}: " + ", ".join(parts))
+            parts = []
+            for t in sorted({r["tokens"] for r in rows if r["scenario"] == scen}):
+                sel = [r for r in rows if r["scenario"] == scen and r["format"] == f and r["tokens"] == t]
+                if sel and all(r.get("op_bf16") for r in sel):
+                    parts.append(f"T={t}: {sum(r['fp16_bmm'] for r in sel) / sum(r['op_bf16'] for r in sel):.2f}x")
+            if parts:
+                print(f"{scen} {f} bf16 x: " + ", ".join(parts))
 
 
 def main() -> None:

@@ -130,6 +130,30 @@ def test_kbit_grouped_deterministic_mode(k, dtype, gen, monkeypatch):
                 assert torch.equal(again, first), f"rows={rows} {path} bm={bm}: not deterministic"
 
 
+@pytest.mark.parametrize("k", (2, 4))
+def test_kbit_grouped_gemv_bf16_rows_of_mixed_magnitude(k, gen):
+    """bf16 x whose rows span 2^-14 .. 2^14 in scale (and reach past fp16's range): the stream-K
+    GEMV turns bf16 x into fp16 times a power of two per staged row, so each row is checked on its
+    own (a scale mixed up between rows or items shows as a wrong or overflowed row)."""
+    in_f, out_f, n_exp = 1024, 384, 9
+    pt, at, cb, w64 = _kbit_experts(n_exp, out_f, in_f, k)
+    for rows in (1, 3, 17, 64):
+        offs = _offsets(n_exp, rows, gen)
+        mag = torch.pow(2.0, torch.randint(-14, 15, (rows, 1), generator=gen).float()).to(DEV)
+        x = (torch.randn(rows, in_f, device=DEV) * mag).to(torch.bfloat16)
+        want = _reference(x, w64, offs)
+        for path, kw in [("gemv_sk", {"mp": mp}) for mp in range(1, cuda_ops.GSK_MAX_ROWS + 1)] + [("op", {})]:
+            if path == "op":
+                y = ops.kbit_grouped_linear(x, pt, at, cb, offs, k, out_f)
+            else:
+                y = cuda_ops.grouped_path(x, pt, at, cb, offs, k, out_f, path,
+                                          out=_poisoned(rows, out_f, torch.bfloat16), **kw)
+            assert torch.isfinite(y).all(), f"rows={rows} {path} {kw}: non-finite outputs"
+            err = (y.double() - want).abs().amax(dim=1) / want.abs().amax(dim=1).clamp_min(1e-30)
+            assert float(err.max()) < KBIT_TOL[torch.bfloat16], (
+                f"rows={rows} {path} {kw}: per-row relative error {err.tolist()} offsets={offs.tolist()}")
+
+
 def test_kbit_grouped_many_experts_int64_offsets_fp32(gen):
     """> 128 experts (the offsets scan takes several rounds), int64 offsets, fp32 x (reference)."""
     k, in_f, out_f, n_exp = 3, 64, 128, 300

@@ -27,10 +27,8 @@
 namespace kbit {
 
 
-// From each thread's max |x| per row: the power of two that maps the block's max below 2^10, so
-// the fp16 half2 partial sums (at most 16 products of |w| <= 1 per half, see sk_unit) stay far
-// from overflow, and its inverse, which undoes it on output. Inf rows keep scale 1 (NaN is
-// ignored by fmaxf) and propagate. Starts and ends with a block barrier's worth of ordering: call it from every thread.
+// From each thread's max |x| per row: the CTA's x_pow2_scale per row. Starts and ends with a block
+// barrier's worth of ordering: call it from every thread.
 template <int M>
 __device__ __forceinline__ void block_scales(const float (&mx)[M], float (&xscale)[M], float (&xinv)[M]) {
     __shared__ float red[kSkWarps][M];
@@ -45,13 +43,7 @@ __device__ __forceinline__ void block_scales(const float (&mx)[M], float (&xscal
     if (threadIdx.x < M) {
         float v = 0.f;
         for (int w = 0; w < kSkWarps; ++w) v = fmaxf(v, red[w][threadIdx.x]);
-        int e = 0;
-        if (v > 0.f && v < INFINITY) {
-            frexpf(v, &e);  // v < 2^e
-            e = min(max(10 - e, -120), 120);
-        }
-        sc[0][threadIdx.x] = ldexpf(1.f, e);
-        sc[1][threadIdx.x] = ldexpf(1.f, -e);
+        x_pow2_scale(v, sc[0][threadIdx.x], sc[1][threadIdx.x]);
     }
     __syncthreads();
 #pragma unroll
@@ -109,11 +101,8 @@ __device__ __forceinline__ void sk_store_rows(T* __restrict__ y, const T* __rest
 // (benchmarks/RESULTS.md, session 6), k=4 bf16 M=1 us without -> with: 4096x28672 (72 units per
 // CTA) 26.0 -> 23.3, 14336x4096 (36) 16.7 -> 15.3, 4096x6144 (15.5) 9.7 -> 9.2, 4096x4096 (10)
 // 8.0 -> 8.4, 2048x5120 (6.5) 6.6 -> 6.9.
-constexpr int kStageXBlocks = 512;
+constexpr int kStageXBlocks = kStagedXSlots;
 constexpr int kStageXMinUnits = 12;
-
-// Word offset in the table of staged x block jb (see XS below): the right half of row jb / 2.
-__device__ __forceinline__ int staged_x_word(int jb) { return (jb >> 1) * 64 + 32 + (jb & 1) * 16; }
 
 // XS (bf16, M = 1, nb <= kStageXBlocks): the CTA stages the x blocks of its own units once as
 // scaled fp16 in the unused right half of the table's 256-byte rows (block j's 64 bytes at row

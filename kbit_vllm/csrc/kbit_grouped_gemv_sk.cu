@@ -20,9 +20,16 @@
 // tile (per-slot counter) converts the sums, writes y, and leaves slot and counter zero. The
 // order of those fp32 additions varies from run to run, so the low bits of y may too:
 // backends/cuda picks the slot GEMV (kbit_grouped_gemv.cu, fixed order) in deterministic mode.
+//
+// bf16 x (vLLM's MoE dtype) is staged per CTA as scaled fp16 (XS, gsx_* below) wherever the grid
+// bounds what a CTA stages, so bf16 runs fp16's half2 loop; H200 (benchmarks/RESULTS.md, session
+// 16) qwen128 k=4 gate bf16 T=16 41.6 -> 33.2 us (fp16 32.4), T=8 25.9 -> 22.7.
 #include "kbit_sk.cuh"
 #include "moe_common.cuh"
 #include "pdl.cuh"
+
+#include <algorithm>
+#include <type_traits>
 
 namespace kbit {
 
@@ -43,32 +50,179 @@ __device__ __forceinline__ void gsk_store(T* __restrict__ y, int N, int frow, in
     }
 }
 
-// sk_unit for the item's mr rows (1..R, warp-uniform) into the first mr columns of acc.
-template <typename T, int K, int M, int R = M>
+// sk_unit for the item's mr rows (1..R, warp-uniform) into the first mr columns of acc; XS: xb
+// points at staged scaled fp16 x in shared memory.
+template <typename T, int K, int M, bool XS, int R = M>
 __device__ __forceinline__ void gsk_unit(int mr, const uint4 (&p)[K], uint32_t a, const uint4* __restrict__ xb,
                                          const int (&xoff)[M], const char* tblc, uint32_t lane4, float (&acc)[4][M]) {
     if constexpr (R > 1) {
         if (mr < R) {
-            gsk_unit<T, K, M, R - 1>(mr, p, a, xb, xoff, tblc, lane4, acc);
+            gsk_unit<T, K, M, XS, R - 1>(mr, p, a, xb, xoff, tblc, lane4, acc);
             return;
         }
     }
-    sk_unit<T, K, R, false, false, M>(p, a, xb, xoff, tblc, lane4, acc);
+    sk_unit<T, K, R, false, XS, M>(p, a, xb, xoff, tblc, lane4, acc);
 }
 
-template <typename T, int K, int M>
+// XS staging (bf16 x): the x rows of the items a CTA's units belong to, only the blocks those units
+// read, once per CTA as fp16 times a power of two per row (x_pow2_scale of that row's staged
+// blocks), in the wide table's unused right halves (staged_x_word), so the unit loop runs sk_unit's
+// half2 loop on shared x instead of the fp32 path on global bf16 x. Item i of the CTA (i = item -
+// first item of the CTA, at most kGsxItems) stages its rows' blocks jb0, jb0 + 1, ... (mod nb),
+// span of them, row m at slot base + m * stride (stride = span rounded up to even, so a row is a
+// fixed uint4 offset from the previous one). The host launches XS only where the bound on the CTA's
+// units keeps that within kStagedXSlots (gsx_fits).
+constexpr int kGsxItems = kSkWarps;  // one warp finds each item's rows
+
+template <int M>
+struct GsxItems {
+    int row0[kGsxItems];    // x row of the item's first row
+    int rows[kGsxItems];    // its rows (1..M)
+    int expert[kGsxItems];  // its expert
+    int jb0[kGsxItems];     // first staged block
+    int span[kGsxItems];    // staged blocks per row
+    int base[kGsxItems];    // slot of row 0's first staged block
+    unsigned mx[kGsxItems * M];  // max |x| per staged row, as float bits
+};
+
+__device__ __forceinline__ int gsx_stride(int span) { return (span + 1) & ~1; }
+
+// (item index in the CTA, row, staged block) of uint4 q of item i's staging and its shared word.
+template <int M>
+__device__ __forceinline__ void gsx_slot(const GsxItems<M>& g, int i, int q, int nb, int& m, int& x_uint4,
+                                         int& word) {
+    const int per_row = g.span[i] * 4;
+    m = q / per_row;
+    const int rem = q - m * per_row, b = rem >> 2;
+    int jb = g.jb0[i] + b;
+    if (jb >= nb) jb -= nb;
+    x_uint4 = (g.row0[i] + m) * nb * 4 + jb * 4 + (rem & 3);
+    word = staged_x_word(g.base[i] + m * gsx_stride(g.span[i]) + b) + 4 * (rem & 3);
+}
+
+// Every thread of the CTA: the items of units [c0, c1) and their staging slots (n_it of them).
+// Ends with a block barrier.
+template <int M>
+__device__ __forceinline__ void gsx_items(GsxItems<M>& g, const int* offs, int n_exp, int rows, int nb,
+                                          long long per_item, long long c0, long long c1, int n_it) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int item_a = static_cast<int>(c0 / per_item);
+    if (n_it > kGsxItems) __trap();  // the host's bound (gsx_fits) excludes it
+    if (warp < n_it) {
+        const int item = item_a + warp;
+        moe::Item it;
+        moe::find_item(offs, n_exp, rows, M, item, it);
+        if (lane == 0) {
+            const long long first = static_cast<long long>(item) * per_item;
+            const long long ua = max(c0, first), ub = min(c1, first + per_item);
+            g.row0[warp] = it.row0 + it.sub * M;
+            g.rows[warp] = min(M, it.row1 - g.row0[warp]);
+            g.expert[warp] = it.expert;
+            g.jb0[warp] = static_cast<int>((ua - first) % nb);
+            g.span[warp] = static_cast<int>(min(static_cast<long long>(nb), ub - ua));
+        }
+    }
+    if (threadIdx.x < kGsxItems * M) g.mx[threadIdx.x] = 0u;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int slots = 0;
+        for (int i = 0; i < n_it; ++i) {
+            g.base[i] = slots;
+            slots += g.rows[i] * gsx_stride(g.span[i]);
+        }
+        if (slots > kStagedXSlots) __trap();  // likewise
+    }
+    __syncthreads();
+}
+
+// Every thread of the CTA, after gsx_items: stage x (see above) and build the pair table from the
+// lane codebook under the first loads. Ends with a block barrier.
+template <int K, int M>
+__device__ __forceinline__ void gsx_fill(GsxItems<M>& g, uint32_t* tbl, float cbl, const __nv_bfloat16* x, int nb,
+                                         int n_it) {
+    // Raw bf16 words into their slots and each row's max, up to kLoads uint4 per thread in flight.
+    constexpr int kLoads = 4;
+    const uint4* x4 = reinterpret_cast<const uint4*>(x);
+    const int nt = static_cast<int>(blockDim.x);
+    bool built = false;
+    for (int i = 0; i < n_it; ++i) {  // block-uniform
+        const int n_q = g.rows[i] * g.span[i] * 4;
+        for (int base = 0; base < n_q; base += kLoads * nt) {
+            uint4 v[kLoads];
+#pragma unroll
+            for (int r = 0; r < kLoads; ++r) {
+                const int q = base + r * nt + static_cast<int>(threadIdx.x);
+                if (q < n_q) {
+                    int m, xu, word;
+                    gsx_slot<M>(g, i, q, nb, m, xu, word);
+                    v[r] = __ldg(x4 + xu);
+                }
+            }
+            if (!built) {  // under the first round's loads
+                build_wide_lut_lanes<K>(tbl, cbl);
+                built = true;
+            }
+#pragma unroll
+            for (int r = 0; r < kLoads; ++r) {
+                const int q = base + r * nt + static_cast<int>(threadIdx.x);
+                if (q < n_q) {
+                    int m, xu, word;
+                    gsx_slot<M>(g, i, q, nb, m, xu, word);
+                    *reinterpret_cast<uint4*>(tbl + word) = v[r];
+                    const uint32_t w4[4] = {v[r].x, v[r].y, v[r].z, v[r].w};
+                    float mx = 0.f;
+#pragma unroll
+                    for (int t = 0; t < 4; ++t) {
+                        const float2 f = bf16x2_to_float2(w4[t]);
+                        mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
+                    }
+                    atomicMax(&g.mx[i * M + m], __float_as_uint(mx));  // >= 0: the bits order as the values
+                }
+            }
+        }
+    }
+    __syncthreads();
+    // Each thread scales the slots it wrote.
+    for (int i = 0; i < n_it; ++i) {
+        const int n_q = g.rows[i] * g.span[i] * 4;
+        for (int q = static_cast<int>(threadIdx.x); q < n_q; q += nt) {
+            int m, xu, word;
+            gsx_slot<M>(g, i, q, nb, m, xu, word);
+            float sc, inv;
+            x_pow2_scale(__uint_as_float(g.mx[i * M + m]), sc, inv);
+            uint4* s4 = reinterpret_cast<uint4*>(tbl + word);
+            uint4 u = *s4;
+            u.x = bf16x2_to_scaled_h2(u.x, sc);
+            u.y = bf16x2_to_scaled_h2(u.y, sc);
+            u.z = bf16x2_to_scaled_h2(u.z, sc);
+            u.w = bf16x2_to_scaled_h2(u.w, sc);
+            *s4 = u;
+        }
+    }
+    __syncthreads();
+}
+
+template <typename T, int K, int M, bool XS>
 __global__ void __launch_bounds__(kSkThreads, M == 1 ? 3 : 2) grouped_gemv_sk_kernel(
     const T* __restrict__ x, const uint4* __restrict__ packed_t, const uint32_t* __restrict__ absmax_t,
     const float* __restrict__ codebook, const int* __restrict__ offs, T* __restrict__ y, int n_exp, int rows, int N,
     int nb, int max_items, float* __restrict__ accum, int* __restrict__ counters) {
     static_assert(K >= 2 && K <= 4, "table GEMV takes k = 2..4");
+    static_assert(!XS || std::is_same<T, __nv_bfloat16>::value, "XS stages bf16 x");
     extern __shared__ uint4 smem_gsk[];
+    __shared__ GsxItems<M> gsx;
     uint32_t* tbl = reinterpret_cast<uint32_t*>(smem_gsk);
     const int lane = threadIdx.x & 31;
     const int n_tiles = (N + kTileN - 1) / kTileN;
     const long long per_item = static_cast<long long>(n_tiles) * nb;
     pdl_trigger();
-    build_wide_lut<K>(tbl, codebook);  // while the previous kernel may still run; offs, x, y after (pdl.cuh)
+    // The table while the previous kernel may still run; offs, x, y after (pdl.cuh). XS builds it
+    // from the lane codebook under its first loads of x instead (as the dense GEMV's XS).
+    float cbl = 0.f;
+    if constexpr (XS)
+        cbl = lane_codebook<K>(codebook, lane);
+    else
+        build_wide_lut<K>(tbl, codebook);
     pdl_wait();
     const int items = min(moe::count_items(offs, n_exp, rows, M), max_items);  // grid-uniform
     const long long units = items * per_item;
@@ -89,13 +243,30 @@ __global__ void __launch_bounds__(kSkThreads, M == 1 ? 3 : 2) grouped_gemv_sk_ke
         const long long rem = u0 - item * per_item;
         t = static_cast<int>(rem / nb);
         j = static_cast<int>(rem - static_cast<long long>(t) * nb);
-        moe::Item it;
-        moe::find_item(offs, n_exp, rows, M, item, it);
-        expert = it.expert;
-        sk_load<K>(packed_t, absmax_t, (static_cast<long long>(expert) * n_tiles + t) * nb + j, lane, p, a);
     }
-    __syncthreads();  // the table
-    if (!active) return;
+    int item_a = 0;  // XS: the CTA's first item
+    if constexpr (XS) {
+        const long long cw0 = static_cast<long long>(blockIdx.x) * kSkWarps;
+        const long long c0 = sk_start(cw0, units, warps), c1 = sk_start(min(cw0 + kSkWarps, warps), units, warps);
+        item_a = static_cast<int>(c0 / per_item);
+        const int n_it = static_cast<int>((c1 - 1) / per_item) - item_a + 1;
+        gsx_items<M>(gsx, offs, n_exp, rows, nb, per_item, c0, c1, n_it);
+        if (active) {  // the first unit's weights under the staging
+            expert = gsx.expert[item - item_a];
+            sk_load<K>(packed_t, absmax_t, (static_cast<long long>(expert) * n_tiles + t) * nb + j, lane, p, a);
+        }
+        gsx_fill<K, M>(gsx, tbl, cbl, reinterpret_cast<const __nv_bfloat16*>(x), nb, n_it);
+        if (!active) return;
+    } else {
+        if (active) {
+            moe::Item it;
+            moe::find_item(offs, n_exp, rows, M, item, it);
+            expert = it.expert;
+            sk_load<K>(packed_t, absmax_t, (static_cast<long long>(expert) * n_tiles + t) * nb + j, lane, p, a);
+        }
+        __syncthreads();  // the table
+        if (!active) return;
+    }
 
     const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
     const char* tblc = reinterpret_cast<const char*>(tbl);
@@ -103,12 +274,28 @@ __global__ void __launch_bounds__(kSkThreads, M == 1 ? 3 : 2) grouped_gemv_sk_ke
     const int nwarps = static_cast<int>(warps);
     int m0 = 0, mr = 0;  // this item's rows of x / y: [m0, m0 + mr)
     const uint4* xrow = nullptr;
-    auto set_rows = [&]() {  // find_item again: nothing of it stays live across the unit body
-        moe::Item it;
-        moe::find_item(offs, n_exp, rows, M, item, it);
-        m0 = it.row0 + it.sub * M;
-        mr = min(M, it.row1 - m0);
-        xrow = reinterpret_cast<const uint4*>(x) + static_cast<size_t>(m0) * x_stride4;
+    int s_base = 0, s_jb0 = 0, s_row4 = 0;  // XS: the item's staged slots (gsx), row stride in uint4
+    float xinv[M];  // XS: the item's row scales undone
+    auto set_rows = [&]() {
+        if constexpr (XS) {
+            const int i = item - item_a;
+            m0 = gsx.row0[i];
+            mr = gsx.rows[i];
+            s_base = gsx.base[i];
+            s_jb0 = gsx.jb0[i];
+            s_row4 = gsx_stride(gsx.span[i]) * 8;
+#pragma unroll
+            for (int m = 0; m < M; ++m) {
+                float sc;
+                x_pow2_scale(__uint_as_float(gsx.mx[i * M + min(m, mr - 1)]), sc, xinv[m]);
+            }
+        } else {  // find_item again: nothing of it stays live across the unit body
+            moe::Item it;
+            moe::find_item(offs, n_exp, rows, M, item, it);
+            m0 = it.row0 + it.sub * M;
+            mr = min(M, it.row1 - m0);
+            xrow = reinterpret_cast<const uint4*>(x) + static_cast<size_t>(m0) * x_stride4;
+        }
     };
     set_rows();
     int j_first = j;
@@ -133,17 +320,31 @@ __global__ void __launch_bounds__(kSkThreads, M == 1 ? 3 : 2) grouped_gemv_sk_ke
         if (left > 1) {
             int en = expert;
             if (next_item) {
-                moe::Item itn;
-                moe::find_item(offs, n_exp, rows, M, item + 1, itn);
-                en = itn.expert;
+                if constexpr (XS) {
+                    en = gsx.expert[item + 1 - item_a];
+                } else {
+                    moe::Item itn;
+                    moe::find_item(offs, n_exp, rows, M, item + 1, itn);
+                    en = itn.expert;
+                }
             }
             sk_load<K>(packed_t, absmax_t, (static_cast<long long>(en) * n_tiles + tn) * nb + jn, lane, pn, an);
             expert = en;
         }
         int xoff[M];
+        const uint4* xb;
+        if constexpr (XS) {
+            int d = j - s_jb0;
+            if (d < 0) d += nb;
+            xb = reinterpret_cast<const uint4*>(tbl + staged_x_word(s_base + d));
 #pragma unroll
-        for (int m = 0; m < M; ++m) xoff[m] = min(m, mr - 1) * x_stride4;
-        gsk_unit<T, K, M>(mr, p, a, xrow + j * 4, xoff, tblc, lane4, acc);
+            for (int m = 0; m < M; ++m) xoff[m] = min(m, mr - 1) * s_row4;
+        } else {
+            xb = xrow + j * 4;
+#pragma unroll
+            for (int m = 0; m < M; ++m) xoff[m] = min(m, mr - 1) * x_stride4;
+        }
+        gsk_unit<T, K, M, XS>(mr, p, a, xb, xoff, tblc, lane4, acc);
 #pragma unroll
         for (int b = 0; b < K; ++b) p[b] = pn[b];
         a = an;
@@ -152,6 +353,12 @@ __global__ void __launch_bounds__(kSkThreads, M == 1 ? 3 : 2) grouped_gemv_sk_ke
             continue;
         }
         // End of this warp's segment of tile t of the item (units j_first..j).
+        if constexpr (XS) {  // the item's row scales, undone before the sums meet other CTAs'
+#pragma unroll
+            for (int r = 0; r < 4; ++r)
+#pragma unroll
+                for (int m = 0; m < M; ++m) acc[r][m] *= xinv[m];
+        }
         const int frow = t * kTileN + 4 * lane;
         if (j_first == 0 && j == nb - 1) {
             gsk_store<T, M>(y, N, frow, m0, mr, acc);
@@ -183,15 +390,17 @@ __global__ void __launch_bounds__(kSkThreads, M == 1 ? 3 : 2) grouped_gemv_sk_ke
     }
 }
 
-template <typename T, int K, int M>
+template <typename T, int K, int M, bool XS>
 const void* gsk_kernel() {
-    return reinterpret_cast<const void*>(grouped_gemv_sk_kernel<T, K, M>);
+    return reinterpret_cast<const void*>(grouped_gemv_sk_kernel<T, K, M, XS>);
 }
 
+// The kernel for (k, rows per pass); xs (bf16 only) the staged-x one.
 template <typename T>
-const void* gsk_pick(int k, int m) {
+const void* gsk_pick(int k, int m, bool xs) {
+    constexpr bool kBf16 = std::is_same<T, __nv_bfloat16>::value;
 #define KBIT_GSK_CASE(KK, MM) \
-    if (k == KK && m == MM) return gsk_kernel<T, KK, MM>();
+    if (k == KK && m == MM) return xs ? gsk_kernel<T, KK, MM, kBf16>() : gsk_kernel<T, KK, MM, false>();
     KBIT_GSK_CASE(2, 1) KBIT_GSK_CASE(2, 2) KBIT_GSK_CASE(2, 3) KBIT_GSK_CASE(2, 4)
     KBIT_GSK_CASE(3, 1) KBIT_GSK_CASE(3, 2) KBIT_GSK_CASE(3, 3) KBIT_GSK_CASE(3, 4)
     KBIT_GSK_CASE(4, 1) KBIT_GSK_CASE(4, 2) KBIT_GSK_CASE(4, 3) KBIT_GSK_CASE(4, 4)
@@ -199,12 +408,26 @@ const void* gsk_pick(int k, int m) {
     return nullptr;
 }
 
+// Whether XS fits every CTA whatever the routing: a warp's range is at most max(3, ceil(max units /
+// warps of the grid)) units (the kernel's warps = min(grid warps, units / kGskMinUnits)), so a CTA's
+// at most 8 times that; such a range of consecutive units touches at most n_it items, and stages at
+// most mp rows of min(units, nb) blocks (+1 for the even stride) per item.
+bool gsx_fits(int mp, int max_items, int n_tiles, int nb, int ctas) {
+    const long long per_item = static_cast<long long>(n_tiles) * nb;
+    const long long units = static_cast<long long>(max_items) * per_item;
+    const long long grid_warps = static_cast<long long>(ctas) * kSkWarps;
+    const long long range = kSkWarps * std::max(3LL, (units + grid_warps - 1) / grid_warps);
+    const long long n_it = (range - 1 + per_item - 1) / per_item + 1;
+    if (n_it > kGsxItems) return false;
+    return mp * std::min(range + n_it, n_it * (nb + 1LL)) <= kStagedXSlots;
+}
+
 }  // namespace
 
 // Resident CTAs per SM of the kernel for (k, rows per pass), for sizing a one-wave grid; 0 on error.
 template <typename T>
 int grouped_gemv_sk_ctas_per_sm(int k, int mp) {
-    const void* f = gsk_pick<T>(k, mp);
+    const void* f = gsk_pick<T>(k, mp, false);  // XS: the same registers bound, 0.2 KB more static shared
     if (f == nullptr) return 0;
     constexpr int smem = static_cast<int>(kSkSmem);
     int n = 0;
@@ -223,7 +446,9 @@ int launch_grouped_gemv_sk(const void* x, const void* pt, const uint8_t* at, con
     if (rows <= 0 || N <= 0) return 0;
     if (nb <= 0 || n_exp <= 0 || max_items < 1 || ctas < 1 || accum == nullptr || counters == nullptr)
         return static_cast<int>(cudaErrorInvalidValue);
-    const void* f = gsk_pick<T>(k, mp);
+    const int n_tiles = (N + kTileN - 1) / kTileN;
+    const bool xs = std::is_same<T, __nv_bfloat16>::value && gsx_fits(mp, max_items, n_tiles, nb, ctas);
+    const void* f = gsk_pick<T>(k, mp, xs);
     if (f == nullptr) return static_cast<int>(cudaErrorInvalidValue);
     constexpr int smem = static_cast<int>(kSkSmem);
     const cudaError_t attr = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);

@@ -82,6 +82,24 @@ __device__ __forceinline__ void sk_load(const uint4* __restrict__ P, const uint3
     a = __ldg(A + u * 32 + lane);
 }
 
+// The power of two that maps a row of max |x| = mx below 2^10 (so sk_unit's fp16 half2 partial sums
+// of at most 16 products of |w| <= 1 per half stay far from overflow), and its inverse, which undoes
+// it on output. Inf rows keep scale 1 (NaN is ignored by fmaxf) and propagate.
+__device__ __forceinline__ void x_pow2_scale(float mx, float& scale, float& inv) {
+    int e = 0;
+    if (mx > 0.f && mx < INFINITY) {
+        frexpf(mx, &e);  // mx < 2^e
+        e = min(max(10 - e, -120), 120);
+    }
+    scale = ldexpf(1.f, e);
+    inv = ldexpf(1.f, -e);
+}
+
+// Word offset in the wide table of staged x block (slot) jb: the unused right half of table row
+// jb / 2 (64 bytes per block of 32 fp16), so 512 slots fit beside the table.
+constexpr int kStagedXSlots = 512;
+__device__ __forceinline__ int staged_x_word(int jb) { return (jb >> 1) * 64 + 32 + (jb & 1) * 16; }
+
 // (bf16, bf16) word -> (fp16, fp16) word of the values times a power of two (exact unless tiny).
 __device__ __forceinline__ uint32_t bf16x2_to_scaled_h2(uint32_t u, float scale) {
     const float2 f = bf16x2_to_float2(u);
