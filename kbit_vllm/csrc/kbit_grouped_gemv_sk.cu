@@ -71,7 +71,7 @@ __device__ __forceinline__ void gsk_unit(int mr, const uint4 (&p)[K], uint32_t a
 // first item of the CTA, at most kGsxItems) stages its rows' blocks jb0, jb0 + 1, ... (mod nb),
 // span of them, row m at slot base + m * stride (stride = span rounded up to even, so a row is a
 // fixed uint4 offset from the previous one). The host launches XS only where the bound on the CTA's
-// units keeps that within kStagedXSlots (gsx_fits).
+// units keeps that within kStagedXSlots (gsx_wins).
 constexpr int kGsxItems = kSkWarps;  // one warp finds each item's rows
 
 template <int M>
@@ -107,7 +107,7 @@ __device__ __forceinline__ void gsx_items(GsxItems<M>& g, const int* offs, int n
                                           long long per_item, long long c0, long long c1, int n_it) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int item_a = static_cast<int>(c0 / per_item);
-    if (n_it > kGsxItems) __trap();  // the host's bound (gsx_fits) excludes it
+    if (n_it > kGsxItems) __trap();  // the host's bound (gsx_wins) excludes it
     if (warp < n_it) {
         const int item = item_a + warp;
         moe::Item it;
@@ -408,14 +408,21 @@ const void* gsk_pick(int k, int m, bool xs) {
     return nullptr;
 }
 
-// Whether XS fits every CTA whatever the routing: a warp's range is at most max(3, ceil(max units /
+// Whether XS fits every CTA whatever the routing (and pays): a warp's range is at most max(3, ceil(max units /
 // warps of the grid)) units (the kernel's warps = min(grid warps, units / kGskMinUnits)), so a CTA's
 // at most 8 times that; such a range of consecutive units touches at most n_it items, and stages at
 // most mp rows of min(units, nb) blocks (+1 for the even stride) per item.
-bool gsx_fits(int mp, int max_items, int n_tiles, int nb, int ctas) {
+// XS also needs kGsxMinUnits units per CTA at the most items: with fewer the staging round trip and
+// barriers cost what the half2 loop saves (H200, qwen128 k=4 bf16, 8 rows = 16 units per CTA: gate
+// 8.8 / 8.9 us in bench_moe, 12.0 / 12.5 us per layer behind vLLM's kernels; 16 rows (31 per CTA)
+// 11.4 / 11.2, 32 rows 17.2 / 15.8).
+constexpr long long kGsxMinUnits = 24;
+
+bool gsx_wins(int mp, int max_items, int n_tiles, int nb, int ctas) {
     const long long per_item = static_cast<long long>(n_tiles) * nb;
     const long long units = static_cast<long long>(max_items) * per_item;
     const long long grid_warps = static_cast<long long>(ctas) * kSkWarps;
+    if (units < kGsxMinUnits * ctas) return false;
     const long long range = kSkWarps * std::max(3LL, (units + grid_warps - 1) / grid_warps);
     const long long n_it = (range - 1 + per_item - 1) / per_item + 1;
     if (n_it > kGsxItems) return false;
@@ -447,7 +454,7 @@ int launch_grouped_gemv_sk(const void* x, const void* pt, const uint8_t* at, con
     if (nb <= 0 || n_exp <= 0 || max_items < 1 || ctas < 1 || accum == nullptr || counters == nullptr)
         return static_cast<int>(cudaErrorInvalidValue);
     const int n_tiles = (N + kTileN - 1) / kTileN;
-    const bool xs = std::is_same<T, __nv_bfloat16>::value && gsx_fits(mp, max_items, n_tiles, nb, ctas);
+    const bool xs = std::is_same<T, __nv_bfloat16>::value && gsx_wins(mp, max_items, n_tiles, nb, ctas);
     const void* f = gsk_pick<T>(k, mp, xs);
     if (f == nullptr) return static_cast<int>(cudaErrorInvalidValue);
     constexpr int smem = static_cast<int>(kSkSmem);
