@@ -205,6 +205,16 @@ def check_moe_gated_act(gate_up: torch.Tensor, activation: str) -> None:
     _dtype(gate_up, FLOAT_DTYPES, op, "gate_up")
 
 
+def check_moe_gather(x: torch.Tensor, src_row: torch.Tensor) -> None:
+    op = "moe_gather"
+    _same_device(op, x=x, src_row=src_row)
+    require(x.dim() == 2, op, f"x must be [tokens, hidden], got {list(x.shape)}")
+    _dtype(x, FLOAT_DTYPES, op, "x")
+    require(src_row.dim() == 1, op, f"src_row must be 1-D [rows] (moe_route's), got {list(src_row.shape)}")
+    _dtype(src_row, torch.int32, op, "src_row")
+    require(src_row.shape[0] == 0 or x.shape[0] > 0, op, f"src_row has {src_row.shape[0]} rows but x has no tokens")
+
+
 def check_moe_combine(down: torch.Tensor, slot: torch.Tensor, weights: torch.Tensor, top_k: int) -> None:
     op = "moe_combine"
     _same_device(op, down=down, slot=slot, weights=weights)

@@ -40,6 +40,7 @@ _SCHEMAS = {
     "int out_features) -> Tensor",
     "moe_route": "(Tensor topk_ids, Tensor topk_weights, int num_experts, Tensor? expert_map) "
     "-> (Tensor, Tensor, Tensor, Tensor)",
+    "moe_gather": "(Tensor x, Tensor src_row) -> Tensor",
     "moe_gated_act": "(Tensor gate_up, str activation) -> Tensor",
     "moe_combine": "(Tensor down, Tensor slot, Tensor weights, int top_k) -> Tensor",
 }
@@ -138,6 +139,12 @@ def _(topk_ids, topk_weights, num_experts, expert_map):
             torch.empty(n, dtype=torch.float32, device=topk_ids.device))
 
 
+@_fake("moe_gather")
+def _(x, src_row):
+    C.check_moe_gather(x, src_row)
+    return x.new_empty((src_row.shape[0], x.shape[1]))
+
+
 @_fake("moe_gated_act")
 def _(gate_up, activation):
     C.check_moe_gated_act(gate_up, activation)
@@ -234,6 +241,11 @@ def moe_route(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: i
     has a group and the offsets end at P.
     """
     return _ops.moe_route(topk_ids, topk_weights, num_experts, expert_map)
+
+
+def moe_gather(x: torch.Tensor, src_row: torch.Tensor) -> torch.Tensor:
+    """x [T, H] -> x[src_row] [rows, H]: the tokens' rows in moe_route's expert order (src_row int32)."""
+    return _ops.moe_gather(x, src_row)
 
 
 def moe_gated_act(gate_up: torch.Tensor, activation: str) -> torch.Tensor:

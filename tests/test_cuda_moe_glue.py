@@ -1,4 +1,4 @@
-"""CUDA MoE glue ops (moe_route, moe_gated_act, moe_combine) against the PyTorch reference, and the
+"""CUDA MoE glue ops (moe_route, moe_gather, moe_gated_act, moe_combine) against the PyTorch reference, and the
 whole moe_forward on the GPU against a per-token float64 loop, eager and replayed in a CUDA graph.
 
 moe_route must equal the reference bit for bit (a stable sort: the order is defined). The gated
@@ -101,6 +101,19 @@ def test_combine_equals_reference(tokens, top_k, hidden, dtype, gen):
     poison_allocator(64 << 20)
     _within_ulp(ops.moe_combine(down, slot, w, top_k), ref.moe_combine(down, slot, w, top_k),
                 f"tokens={tokens} top_k={top_k} hidden={hidden}")
+
+
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16, torch.float32))
+@pytest.mark.parametrize("tokens,rows,hidden", [(1, 8, 2048), (33, 66, 2048), (9, 54, 100), (512, 4096, 4096),
+                                                (5, 0, 64)])
+def test_gather_equals_index_select(tokens, rows, hidden, dtype, gen):
+    """Bit for bit (a copy); hidden 100 in 2-byte dtypes is no whole number of 16-byte chunks (fallback)."""
+    x = torch.randn(tokens, hidden, generator=gen).to(dtype).to(DEV)
+    src = torch.randint(0, tokens, (rows,), generator=gen, dtype=torch.int32).to(DEV)
+    poison_allocator(64 << 20)
+    y = ops.moe_gather(x, src)
+    assert y.shape == (rows, hidden) and y.dtype == dtype
+    assert torch.equal(y, x.index_select(0, src)), f"tokens={tokens} rows={rows} hidden={hidden}"
 
 
 def _experts(n_exp: int, hidden: int, inter: int, k: int, gen: torch.Generator):

@@ -141,6 +141,8 @@ def test_gated_act_and_combine_ops(gen: torch.Generator) -> None:
     wts = torch.rand(3 * K, generator=gen)
     want = torch.stack([sum(wts[t * K + k] * down[slot[t * K + k]] for k in range(K)) for t in range(3)])
     torch.testing.assert_close(ops.moe_combine(down, slot, wts, K), want, rtol=1e-6, atol=1e-6)
+    src = torch.randint(0, 3, (3 * K,), generator=gen, dtype=torch.int32)
+    assert torch.equal(ops.moe_gather(down[:3], src), down[:3][src.long()])
 
 
 def test_glue_op_errors_name_the_op() -> None:
@@ -157,6 +159,10 @@ def test_glue_op_errors_name_the_op() -> None:
         ops.moe_gated_act(torch.ones(2, 8), "relu")
     with pytest.raises(ValueError, match=r"moe_gated_act: gate_up must be \[rows, 2 \* intermediate\]"):
         ops.moe_gated_act(torch.ones(2, 7), "silu")
+    with pytest.raises(ValueError, match="moe_gather: src_row must be torch.int32, got torch.int64"):
+        ops.moe_gather(torch.ones(4, 8), torch.zeros(4, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"moe_gather: x must be \[tokens, hidden\]"):
+        ops.moe_gather(torch.ones(4), torch.zeros(4, dtype=torch.int32))
     with pytest.raises(ValueError, match="moe_combine: slot must be torch.int32, got torch.int64"):
         ops.moe_combine(torch.ones(4, 8), torch.zeros(4, dtype=torch.int64), torch.ones(4), 2)
     with pytest.raises(ValueError, match="moe_combine: down rows 5 are not a multiple of top_k=2"):

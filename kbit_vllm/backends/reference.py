@@ -141,6 +141,11 @@ def moe_route(topk_ids, topk_weights, num_experts, expert_map):
     return (order // top_k).to(torch.int32), slot.to(torch.int32), offsets, weights
 
 
+def moe_gather(x, src_row):
+    C.check_moe_gather(x, src_row)
+    return x.index_select(0, src_row)
+
+
 _GATES = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}
 
 

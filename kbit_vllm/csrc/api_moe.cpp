@@ -105,6 +105,7 @@ int gated_act(const void* gu, void* out, long long rows, int inter, int fn, int 
 template <typename T>
 int combine(const void* down, const int* slot, const float* w, void* out, int tokens, int hidden, int top_k,
             cudaStream_t stream);
+int gather(const void* x, const int* src_row, void* out, int rows, int row_chunks, int n_src, cudaStream_t stream);
 }  // namespace moe
 
 extern "C" {
@@ -114,6 +115,12 @@ int kbit_vllm_moe_route(const void* ids, int ids_bytes, const float* w, const in
                         int top_k, int n_exp, int* offs, int* src_row, int* slot, float* w_out, void* stream) {
     return moe::route(ids, ids_bytes, w, emap, n_global, n_pairs, top_k, n_exp, offs, src_row, slot, w_out,
                       static_cast<cudaStream_t>(stream));
+}
+
+// Rows of x in routed order (moe_gather.cu): out[i] = x[src_row[i]], rows of row_chunks 16-byte chunks.
+int kbit_vllm_moe_gather(const void* x, const int* src_row, void* out, int rows, int row_chunks, int n_src,
+                         void* stream) {
+    return moe::gather(x, src_row, out, rows, row_chunks, n_src, static_cast<cudaStream_t>(stream));
 }
 
 #define KBIT_MOE_EPILOGUE_API(SUFFIX, T)                                                                           \

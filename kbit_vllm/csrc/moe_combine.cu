@@ -1,7 +1,9 @@
 // MoE combine: out[t, h] = sum_k w[t * top_k + k] * down[slot[t * top_k + k], h], summed in fp32 in
 // k order and rounded once, one launch (the torch version was six: allocation, index_copy_, cast,
-// product, sum, cast back). Deterministic: no atomics.
+// product, sum, cast back). Deterministic: no atomics. Launched with PDL (pdl.cuh): its launch
+// overlaps the down GEMM's tail; it reads and writes only after pdl_wait.
 #include "common.cuh"
+#include "pdl.cuh"
 
 namespace moe {
 
@@ -15,6 +17,8 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const T* __res
                                                                   const int* __restrict__ slot,
                                                                   const float* __restrict__ w, T* __restrict__ out,
                                                                   int hidden, int top_k, int n_rows) {
+    kbit::pdl_trigger();
+    kbit::pdl_wait();  // down, slot and w, and out, only after the kernels before are done (pdl.cuh)
     const int t = blockIdx.x;
     const int h = (blockIdx.y * kCombineThreads + threadIdx.x) * V;
     if (h >= hidden) return;
@@ -60,13 +64,13 @@ int combine(const void* down, const int* slot, const float* w, void* out, int to
     const int v = vec ? 8 : 1;
     const dim3 grid(tokens, (hidden / v + kCombineThreads - 1) / kCombineThreads);
     const int n_rows = tokens * top_k;
-    if (vec) {
-        combine_kernel<T, 8><<<grid, kCombineThreads, 0, stream>>>(static_cast<const T*>(down), slot, w,
-                                                                     static_cast<T*>(out), hidden, top_k, n_rows);
-    } else {
-        combine_kernel<T, 1><<<grid, kCombineThreads, 0, stream>>>(static_cast<const T*>(down), slot, w,
-                                                                     static_cast<T*>(out), hidden, top_k, n_rows);
-    }
+    cudaLaunchAttribute attrs[1];
+    const cudaLaunchConfig_t cfg = kbit::pdl_config(grid, dim3(kCombineThreads), 0, stream, attrs);
+    const T* d = static_cast<const T*>(down);
+    T* o = static_cast<T*>(out);
+    const cudaError_t e = vec ? cudaLaunchKernelEx(&cfg, combine_kernel<T, 8>, d, slot, w, o, hidden, top_k, n_rows)
+                              : cudaLaunchKernelEx(&cfg, combine_kernel<T, 1>, d, slot, w, o, hidden, top_k, n_rows);
+    if (e != cudaSuccess) return static_cast<int>(e);
     KBIT_RETURN_LAUNCH_STATUS();
 }
 

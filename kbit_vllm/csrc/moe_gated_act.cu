@@ -2,7 +2,10 @@
 // rounded once to the activation dtype (as vLLM's silu_and_mul), one launch (the torch version
 // was five: two casts, the activation, the product, the cast back).
 // f: 0 silu, 1 gelu (erf), 2 gelu (tanh approximation), with torch's formulas.
+// Launched with PDL (pdl.cuh) between the two grouped GEMMs: it reads gate_up only after
+// pdl_wait, and lets the down GEMM start its table build at once.
 #include "common.cuh"
+#include "pdl.cuh"
 
 namespace moe {
 
@@ -26,6 +29,8 @@ __device__ __forceinline__ float gate_fn(float g) {
 template <typename T, int F, int V>
 __global__ void __launch_bounds__(kActThreads) gated_act_kernel(const T* __restrict__ gu, T* __restrict__ out,
                                                                 long long rows, int inter) {
+    kbit::pdl_trigger();  // the down GEMM's table build may start; gate_up only after the GEMM is done
+    kbit::pdl_wait();
     const int per_row = inter / V;
     const long long n = rows * per_row;
     for (long long i = blockIdx.x * static_cast<long long>(kActThreads) + threadIdx.x; i < n;
@@ -59,13 +64,13 @@ int launch_f(const void* gu, void* out, long long rows, int inter, int sms, cuda
     const long long want = (items + kActThreads - 1) / kActThreads;
     const int grid = static_cast<int>(want < 8LL * sms ? want : 8LL * sms);
     if (grid == 0) return 0;
-    if (vec) {
-        gated_act_kernel<T, F, 8><<<grid, kActThreads, 0, stream>>>(static_cast<const T*>(gu), static_cast<T*>(out),
-                                                                      rows, inter);
-    } else {
-        gated_act_kernel<T, F, 1><<<grid, kActThreads, 0, stream>>>(static_cast<const T*>(gu), static_cast<T*>(out),
-                                                                      rows, inter);
-    }
+    cudaLaunchAttribute attrs[1];
+    const cudaLaunchConfig_t cfg = kbit::pdl_config(dim3(grid), dim3(kActThreads), 0, stream, attrs);
+    const T* g = static_cast<const T*>(gu);
+    T* o = static_cast<T*>(out);
+    const cudaError_t e = vec ? cudaLaunchKernelEx(&cfg, gated_act_kernel<T, F, 8>, g, o, rows, inter)
+                              : cudaLaunchKernelEx(&cfg, gated_act_kernel<T, F, 1>, g, o, rows, inter);
+    if (e != cudaSuccess) return static_cast<int>(e);
     KBIT_RETURN_LAUNCH_STATUS();
 }
 

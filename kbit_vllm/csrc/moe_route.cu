@@ -13,6 +13,7 @@
 // memory out of range. Outputs: offs [n_exp + 1], src_row [n_pairs] (token of each sorted row),
 // slot [n_pairs] (sorted row of each pair), w_out [n_pairs] (fp32 weight of each pair, 0 if foreign).
 #include "common.cuh"
+#include "pdl.cuh"
 
 namespace moe {
 
@@ -43,6 +44,8 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const I* __restric
     unsigned short* whist = reinterpret_cast<unsigned short*>(run + n_exp);  // [warps][n_exp] chunk counts
     __shared__ int warp_tot[kRouteWarps];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    kbit::pdl_trigger();
+    kbit::pdl_wait();  // ids and weights, and every output, only after the kernels before are done
 
     for (int e = tid; e < n_exp; e += kRouteThreads) base[e] = 0, run[e] = 0;
     for (int i = tid; i < kRouteWarps * n_exp; i += kRouteThreads) whist[i] = 0;
@@ -122,8 +125,11 @@ int launch_route(const I* ids, const float* w, const int* emap, int n_global, in
                                                    static_cast<int>(smem));
         if (e != cudaSuccess) return static_cast<int>(e);
     }
-    route_kernel<I><<<1, kRouteThreads, smem, stream>>>(ids, w, emap, n_global, n_pairs, top_k, n_exp, offs,
-                                                        src_row, slot, w_out);
+    cudaLaunchAttribute attrs[1];
+    const cudaLaunchConfig_t cfg = kbit::pdl_config(dim3(1), dim3(kRouteThreads), smem, stream, attrs);
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, route_kernel<I>, ids, w, emap, n_global, n_pairs, top_k, n_exp,
+                                             offs, src_row, slot, w_out);
+    if (e != cudaSuccess) return static_cast<int>(e);
     KBIT_RETURN_LAUNCH_STATUS();
 }
 

@@ -1,10 +1,11 @@
 """Routed-expert MoE math shared by the vLLM FusedMoE methods and the HF experts modules.
 
 One forward for both frameworks: order the (token, k) pairs by expert on the device
-(moe_route), gather their rows, run the gate/up grouped GEMM, the gated activation
+(moe_route), gather their rows (moe_gather), run the gate/up grouped GEMM, the gated activation
 (moe_gated_act), the down grouped GEMM, then weight each pair by its router weight and sum the
-k pairs of each token (moe_combine). On a GPU that is six kernels per layer (the torch version
-of the glue was ~20, which at decode cost more than the GEMMs). Every step has a static shape
+k pairs of each token (moe_combine). On a GPU that is six kernels per layer, all ours and
+launched with PDL, so each one's launch overlaps the previous one's tail (the torch version of
+the glue was ~20, which at decode cost more than the GEMMs). Every step has a static shape
 and no host sync (no ``.item()``/``.tolist()``, no ``nonzero``), so the whole function traces
 under torch.compile and records into a CUDA graph; only the grouped ops read
 ``expert_offsets``, and they do it on the device (the CPU reference op may read them on the
@@ -58,7 +59,7 @@ def moe_forward(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Ten
     top_k = topk_ids.shape[-1]
     src_row, slot, offsets, weights = ops.moe_route(topk_ids.reshape(-1, top_k), topk_weights.reshape(-1, top_k),
                                                     num_experts, expert_map)
-    rows = x.index_select(0, src_row)
+    rows = ops.moe_gather(x, src_row)
     if apply_router_weight_on_input:  # vLLM: scale the input rows, then sum outputs unweighted
         per_row = torch.zeros_like(weights).index_copy_(0, slot.to(torch.int64), weights)
         rows = (rows.to(torch.float32) * per_row.unsqueeze(-1)).to(x.dtype)

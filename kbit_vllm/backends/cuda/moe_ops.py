@@ -1,5 +1,5 @@
 """CUDA implementations of the MoE glue ops (routing, gated activation, combine): argument
-marshalling into the C API (csrc/moe_route.cu, moe_gated_act.cu, moe_combine.cu).
+marshalling into the C API (csrc/moe_route.cu, moe_gather.cu, moe_gated_act.cu, moe_combine.cu).
 
 One launch each, on torch's current stream, no host sync, outputs allocated here by torch, so a
 MoE layer records into a CUDA graph as a handful of kernels. fp32 activations and more experts
@@ -41,6 +41,21 @@ def moe_route(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: i
             cint(ids.shape[1]), cint(num_experts), ptr(offsets), ptr(src_row), ptr(slot), ptr(weights),
             stream(dev)), "moe_route")
     return src_row, slot, offsets, weights
+
+
+def moe_gather(x: torch.Tensor, src_row: torch.Tensor) -> torch.Tensor:
+    C.check_moe_gather(x, src_row)
+    xc = x.contiguous()
+    row_bytes = xc.shape[1] * xc.element_size()
+    if row_bytes % 16 or xc.data_ptr() % 16:  # the kernel copies 16-byte chunks
+        return ref.moe_gather(x, src_row)
+    out = torch.empty((src_row.shape[0], xc.shape[1]), dtype=xc.dtype, device=xc.device)
+    if out.numel() == 0:
+        return out
+    with torch.cuda.device(xc.device):
+        check(LIB.kbit_vllm_moe_gather(ptr(xc), ptr(src_row.contiguous()), ptr(out), cint(src_row.shape[0]),
+                                       cint(row_bytes // 16), cint(xc.shape[0]), stream(xc.device)), "moe_gather")
+    return out
 
 
 def moe_gated_act(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
