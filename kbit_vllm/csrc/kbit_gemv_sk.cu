@@ -68,13 +68,7 @@ __device__ __forceinline__ void row_scales(const T* __restrict__ x, int in_f, fl
             const uint4* row = reinterpret_cast<const uint4*>(x + static_cast<size_t>(m) * in_f);
             mx[m] = 0.f;
             for (int q = threadIdx.x; q < in_f / 8; q += blockDim.x) {
-                const uint4 v = __ldg(row + q);
-                const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                for (int t = 0; t < 4; ++t) {
-                    const float2 f = bf16x2_to_float2(w[t]);
-                    mx[m] = fmaxf(mx[m], fmaxf(fabsf(f.x), fabsf(f.y)));
-                }
+                mx[m] = fmaxf(mx[m], bf16x8_absmax(__ldg(row + q)));
             }
         }
         block_scales<M>(mx, xscale, xinv);
@@ -177,24 +171,14 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
                 const int q = base + r * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x);
                 if (q < span * 4) {
                     *slot_of(q) = v[r];
-                    const uint32_t w[4] = {v[r].x, v[r].y, v[r].z, v[r].w};
-#pragma unroll
-                    for (int t = 0; t < 4; ++t) {
-                        const float2 f = bf16x2_to_float2(w[t]);
-                        mx[0] = fmaxf(mx[0], fmaxf(fabsf(f.x), fabsf(f.y)));
-                    }
+                    mx[0] = fmaxf(mx[0], bf16x8_absmax(v[r]));
                 }
             }
         }
         block_scales<1>(mx, xscale, xinv);
         for (int q = threadIdx.x; q < span * 4; q += blockDim.x) {
             uint4* s = slot_of(q);
-            uint4 u = *s;
-            u.x = bf16x2_to_scaled_h2(u.x, xscale[0]);
-            u.y = bf16x2_to_scaled_h2(u.y, xscale[0]);
-            u.z = bf16x2_to_scaled_h2(u.z, xscale[0]);
-            u.w = bf16x2_to_scaled_h2(u.w, xscale[0]);
-            *s = u;
+            *s = bf16x8_to_scaled_h8(*s, xscale[0]);
         }
         __syncthreads();
     } else {

@@ -149,12 +149,14 @@ __device__ __forceinline__ void gsx_fill(GsxItems<M>& g, uint32_t* tbl, float cb
         const int n_q = g.rows[i] * g.span[i] * 4;
         for (int base = 0; base < n_q; base += kLoads * nt) {
             uint4 v[kLoads];
+            int m[kLoads], word[kLoads];
 #pragma unroll
             for (int r = 0; r < kLoads; ++r) {
                 const int q = base + r * nt + static_cast<int>(threadIdx.x);
+                word[r] = -1;
                 if (q < n_q) {
-                    int m, xu, word;
-                    gsx_slot<M>(g, i, q, nb, m, xu, word);
+                    int xu;
+                    gsx_slot<M>(g, i, q, nb, m[r], xu, word[r]);
                     v[r] = __ldg(x4 + xu);
                 }
             }
@@ -164,19 +166,10 @@ __device__ __forceinline__ void gsx_fill(GsxItems<M>& g, uint32_t* tbl, float cb
             }
 #pragma unroll
             for (int r = 0; r < kLoads; ++r) {
-                const int q = base + r * nt + static_cast<int>(threadIdx.x);
-                if (q < n_q) {
-                    int m, xu, word;
-                    gsx_slot<M>(g, i, q, nb, m, xu, word);
-                    *reinterpret_cast<uint4*>(tbl + word) = v[r];
-                    const uint32_t w4[4] = {v[r].x, v[r].y, v[r].z, v[r].w};
-                    float mx = 0.f;
-#pragma unroll
-                    for (int t = 0; t < 4; ++t) {
-                        const float2 f = bf16x2_to_float2(w4[t]);
-                        mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
-                    }
-                    atomicMax(&g.mx[i * M + m], __float_as_uint(mx));  // >= 0: the bits order as the values
+                if (word[r] >= 0) {
+                    *reinterpret_cast<uint4*>(tbl + word[r]) = v[r];
+                    // >= 0: the float bits order as the values
+                    atomicMax(&g.mx[i * M + m[r]], __float_as_uint(bf16x8_absmax(v[r])));
                 }
             }
         }
@@ -191,12 +184,7 @@ __device__ __forceinline__ void gsx_fill(GsxItems<M>& g, uint32_t* tbl, float cb
             float sc, inv;
             x_pow2_scale(__uint_as_float(g.mx[i * M + m]), sc, inv);
             uint4* s4 = reinterpret_cast<uint4*>(tbl + word);
-            uint4 u = *s4;
-            u.x = bf16x2_to_scaled_h2(u.x, sc);
-            u.y = bf16x2_to_scaled_h2(u.y, sc);
-            u.z = bf16x2_to_scaled_h2(u.z, sc);
-            u.w = bf16x2_to_scaled_h2(u.w, sc);
-            *s4 = u;
+            *s4 = bf16x8_to_scaled_h8(*s4, sc);
         }
     }
     __syncthreads();

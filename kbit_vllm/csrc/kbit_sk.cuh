@@ -106,6 +106,24 @@ __device__ __forceinline__ uint32_t bf16x2_to_scaled_h2(uint32_t u, float scale)
     return h2_bits(__floats2half2_rn(f.x * scale, f.y * scale));
 }
 
+// The eight bf16 values of v as fp16 times scale (bf16x2_to_scaled_h2 per word).
+__device__ __forceinline__ uint4 bf16x8_to_scaled_h8(uint4 v, float scale) {
+    return make_uint4(bf16x2_to_scaled_h2(v.x, scale), bf16x2_to_scaled_h2(v.y, scale),
+                      bf16x2_to_scaled_h2(v.z, scale), bf16x2_to_scaled_h2(v.w, scale));
+}
+
+// max |x| over the eight bf16 values of v (NaN ignored, as fmaxf does).
+__device__ __forceinline__ float bf16x8_absmax(uint4 v) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    float mx = 0.f;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        const float2 f = bf16x2_to_float2(w[t]);
+        mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
+    }
+    return mx;
+}
+
 // acc[r][m] += (row 4*lane + r of this unit) . x row m of the unit's block; that row's 32 values
 // are the uint4s xb[xoff[m] + 0..3] (xoff lets a caller repeat a row for masked passes).
 // kScaledBf16: bf16 x is turned into fp16 times xscale[m] (a power of two that keeps the row
@@ -143,12 +161,7 @@ __device__ __forceinline__ void sk_unit(const uint4 (&p)[K], uint32_t a, const u
 #pragma unroll
             for (int m = 0; m < M; ++m) {
                 xi[m] = kXShared ? xb[xoff[m] + i] : __ldg(xb + xoff[m] + i);
-                if constexpr (kScaledBf16 && !kXShared) {
-                    xi[m].x = bf16x2_to_scaled_h2(xi[m].x, xscale[m]);
-                    xi[m].y = bf16x2_to_scaled_h2(xi[m].y, xscale[m]);
-                    xi[m].z = bf16x2_to_scaled_h2(xi[m].z, xscale[m]);
-                    xi[m].w = bf16x2_to_scaled_h2(xi[m].w, xscale[m]);
-                }
+                if constexpr (kScaledBf16 && !kXShared) xi[m] = bf16x8_to_scaled_h8(xi[m], xscale[m]);
             }
             if (i == 0 || (i == 2 && !kOneFlush)) {
 #pragma unroll
