@@ -132,9 +132,9 @@ def test_kbit_grouped_deterministic_mode(k, dtype, gen, monkeypatch):
 
 @pytest.mark.parametrize("k", (2, 4))
 def test_kbit_grouped_gemv_bf16_rows_of_mixed_magnitude(k, gen):
-    """bf16 x whose rows span 2^-14 .. 2^14 in scale (and reach past fp16's range): the stream-K
-    GEMV turns bf16 x into fp16 times a power of two per staged row, so each row is checked on its
-    own (a scale mixed up between rows or items shows as a wrong or overflowed row)."""
+    """bf16 x whose rows span 2^-14 .. 2^14 in scale (and reach past fp16's range): the stream-K and
+    slot GEMVs turn bf16 x into fp16 times a power of two per staged row, so each row is checked on
+    its own (a scale mixed up between rows or items shows as a wrong or overflowed row)."""
     in_f, out_f, n_exp = 1024, 384, 9
     pt, at, cb, w64 = _kbit_experts(n_exp, out_f, in_f, k)
     for rows in (1, 17, 200, 500):  # 200 and 500 rows give the staged kernel (gsx_wins) at most widths
@@ -142,7 +142,8 @@ def test_kbit_grouped_gemv_bf16_rows_of_mixed_magnitude(k, gen):
         mag = torch.pow(2.0, torch.randint(-14, 15, (rows, 1), generator=gen).float()).to(DEV)
         x = (torch.randn(rows, in_f, device=DEV) * mag).to(torch.bfloat16)
         want = _reference(x, w64, offs)
-        for path, kw in [("gemv_sk", {"mp": mp}) for mp in range(1, cuda_ops.GSK_MAX_ROWS + 1)] + [("op", {})]:
+        runs = [("gemv_sk", {"mp": mp}) for mp in range(1, cuda_ops.GSK_MAX_ROWS + 1)] + [("gemv_slot", {}), ("op", {})]
+        for path, kw in runs:
             if path == "op":
                 y = ops.kbit_grouped_linear(x, pt, at, cb, offs, k, out_f)
             else:

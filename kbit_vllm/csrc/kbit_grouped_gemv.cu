@@ -14,11 +14,15 @@
 // count; a later pass re-reads the weights, mostly from L2). All MP paths share one register
 // allocation, so larger passes would slow the common 1-row path.
 // Decode: k = 2..4 through the shared pair table (kbit_lut.cuh); k = 5 through the lane
-// codebook shuffle (kbit_tile.cuh). fp16 x: half2 FMAs flushed to fp32 once per block (times
-// the block scale); bf16 x: fp32 FMAs. x is staged in shared memory in (group, pair) order.
+// codebook shuffle (kbit_tile.cuh). half2 FMAs flushed to fp32 once per block (times the block
+// scale). x is staged in shared memory in (group, pair) order as fp16; bf16 x as fp16 times a
+// power of two per row and staged chunk (bf16_scaled.cuh), whose inverse joins the block scale.
 // The wk warps' partial sums are added in a fixed order (deterministic; no atomics).
+#include "bf16_scaled.cuh"
 #include "kbit_lut.cuh"
 #include "moe_common.cuh"
+
+#include <type_traits>
 
 namespace kbit {
 
@@ -29,9 +33,7 @@ constexpr int kGMaxRows = 4;          // largest rows per pass (8 would cost the
 constexpr int kGThreads = 256;        // most threads per CTA
 constexpr int kGXBudget = 16 * 1024;  // bytes of staged x, at least
 
-// Staged x per row and block: fp16 as half2 pairs (64 B), bf16 widened to float2 pairs (128 B).
-template <typename T> struct GXs { static constexpr bool kHalf = false; static constexpr int kBytes = 128; };
-template <> struct GXs<half> { static constexpr bool kHalf = true; static constexpr int kBytes = 64; };
+constexpr int kGXBlockBytes = 64;     // staged x per row and block: 16 half2 pairs
 
 struct GemvWarp {
     const uint32_t* P;  // plane words of this lane's row at block 0; block j plane b at P[(j * K + b) * 128]
@@ -74,29 +76,14 @@ __device__ __forceinline__ void pairs_half(const uint32_t (&p)[K], int g, float 
     }
 }
 
-template <int K>
-__device__ __forceinline__ void pairs_float(const uint32_t (&p)[K], int g, float cbl, const char* tblc,
-                                            uint32_t lane4, float2 (&w)[4]) {
-    if constexpr (K <= 4) {
-        half2 h[4];
-        pairs_half<K>(p, g, cbl, tblc, lane4, h);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) w[i] = __half22float2(h[i]);
-    } else {
-        float v[8];
-        decode_group<K>(p, g, cbl, v);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) w[i] = make_float2(v[2 * i], v[2 * i + 1]);
-    }
-}
-
 // All rows [row0, row1) of one expert for this CTA's row groups, in passes of MP rows.
 template <typename T, int K, int MP>
 __device__ __forceinline__ void gemv_expert(const T* __restrict__ x, const float* __restrict__ codebook,
                                             T* __restrict__ y, const GemvWarp& w, int row0, int row1, int N, int nb,
-                                            uint32_t* tbl, char* xs, int xbytes, float* red) {
-    constexpr bool H = GXs<T>::kHalf;
-    constexpr int XB = GXs<T>::kBytes;
+                                            uint32_t* tbl, char* xs, int xbytes, float* red,
+                                            unsigned (&xmax)[2][kGMaxRows]) {
+    constexpr bool kBf16 = std::is_same<T, __nv_bfloat16>::value;
+    constexpr int XB = kGXBlockBytes;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int sb = w.WK * kGU;                      // blocks per step (all warps of a row group)
     const int steps = (nb + sb - 1) / sb;
@@ -120,34 +107,54 @@ __device__ __forceinline__ void gemv_expert(const T* __restrict__ x, const float
     float acc[MP];
 #pragma unroll
     for (int m = 0; m < MP; ++m) acc[m] = 0.f;
-    int t = 0, m0 = row0;
+    float xinv[MP];  // bf16: the staged chunk's inverse row scales (fp16 x: 1)
+#pragma unroll
+    for (int m = 0; m < MP; ++m) xinv[m] = 1.f;
+    int t = 0, m0 = row0, chunk = 0;
     for (int s = 0; s < total; ++s) {
         const int mr = min(MP, row1 - m0);
         const int c0 = (t - t % q) * sb;  // first block of the staged chunk
         if (t % q == 0) {
-            __syncthreads();  // table built; the previous chunk's x no longer read
+            __syncthreads();  // table built; the previous chunk's x (and its xmax half) no longer read
             const int cn = min(CH, nb - c0);
+            const int par = chunk++ & 1;  // xmax half of this chunk; the other is zeroed for the next
+            // (x[8i+2g], x[8i+2g+1]) of 8-element run r (block r / 4, i = r % 4) at word 4g + i.
+            auto words = [&](int i, int& m, uint32_t*& dst) {
+                m = i / (cn * 4);
+                const int r = i - m * (cn * 4);
+                dst = reinterpret_cast<uint32_t*>(xs) + (m * CH + (r >> 2)) * 16 + (r & 3);
+                return r;
+            };
             for (int i = threadIdx.x; i < MP * cn * 4; i += blockDim.x) {
-                const int m = i / (cn * 4), r = i - m * (cn * 4);  // r: 8-element run; block r / 4, pair index r % 4
-                union { uint4 u; T h[8]; } pk;
-                pk.u = make_uint4(0u, 0u, 0u, 0u);
+                int m;
+                uint32_t* dst;
+                const int r = words(i, m, dst);
+                uint4 v = make_uint4(0u, 0u, 0u, 0u);
                 if (m < mr)
-                    pk.u = __ldg(reinterpret_cast<const uint4*>(x + static_cast<size_t>(m0 + m) * in_f +
-                                                                static_cast<size_t>(c0) * 32 + r * 8));
-                const int jl = r >> 2, ii = r & 3;
-                if constexpr (H) {
-                    uint32_t* dst = reinterpret_cast<uint32_t*>(xs) + (m * CH + jl) * 16;
-                    const uint32_t* src = reinterpret_cast<const uint32_t*>(&pk.u);
-#pragma unroll
-                    for (int g = 0; g < 4; ++g) dst[g * 4 + ii] = src[g];  // (x[8i+2g], x[8i+2g+1]) at word 4g + i
-                } else {
-                    float2* dst = reinterpret_cast<float2*>(xs) + (m * CH + jl) * 16;
-#pragma unroll
-                    for (int g = 0; g < 4; ++g)
-                        dst[g * 4 + ii] = make_float2(to_float(pk.h[2 * g]), to_float(pk.h[2 * g + 1]));
-                }
+                    v = __ldg(reinterpret_cast<const uint4*>(x + static_cast<size_t>(m0 + m) * in_f +
+                                                             static_cast<size_t>(c0) * 32 + r * 8));
+                dst[0] = v.x, dst[4] = v.y, dst[8] = v.z, dst[12] = v.w;
+                if constexpr (kBf16)  // >= 0: the float bits order as the values
+                    atomicMax(&xmax[par][m], __float_as_uint(bf16x8_absmax(v)));
             }
             __syncthreads();
+            if constexpr (kBf16) {  // each thread scales the words it staged
+                if (threadIdx.x < kGMaxRows) xmax[par ^ 1][threadIdx.x] = 0u;
+                float xsc[MP];
+#pragma unroll
+                for (int m = 0; m < MP; ++m) x_pow2_scale(__uint_as_float(xmax[par][m]), xsc[m], xinv[m]);
+                for (int i = threadIdx.x; i < MP * cn * 4; i += blockDim.x) {
+                    int m;
+                    uint32_t* dst;
+                    words(i, m, dst);
+                    float sc = xsc[0];
+#pragma unroll
+                    for (int mm = 1; mm < MP; ++mm) sc = m == mm ? xsc[mm] : sc;
+#pragma unroll
+                    for (int g = 0; g < 4; ++g) dst[4 * g] = bf16x2_to_scaled_h2(dst[4 * g], sc);
+                }
+                __syncthreads();
+            }
         }
         if (s + 1 < total) load_group<K>(w, nb, (t + 1 == steps ? 0 : (t + 1) * sb) + w.wk * kGU, pn, an);
         const int jb = t * sb + w.wk * kGU;
@@ -157,52 +164,28 @@ __device__ __forceinline__ void gemv_expert(const T* __restrict__ x, const float
                 const int jl = jb + u - c0;
                 if (jb + u >= nb) break;  // warp-uniform
                 const float sc = decode_e4m4(ac[u]);
-                if constexpr (H) {
-                    half2 hp[MP][2];
+                half2 hp[MP][2];
 #pragma unroll
-                    for (int m = 0; m < MP; ++m) hp[m][0] = hp[m][1] = __float2half2_rn(0.f);
+                for (int m = 0; m < MP; ++m) hp[m][0] = hp[m][1] = __float2half2_rn(0.f);
 #pragma unroll
-                    for (int g = 0; g < 4; ++g) {
-                        half2 wv[4];
-                        pairs_half<K>(pc[u], g, cbl, tblc, lane4, wv);
-#pragma unroll
-                        for (int m = 0; m < MP; ++m) {
-                            const uint4 xv = reinterpret_cast<const uint4*>(xs)[(m * CH + jl) * 4 + g];
-                            half2 h = hp[m][g & 1];
-                            h = __hfma2(wv[0], bits_h2(xv.x), h);
-                            h = __hfma2(wv[1], bits_h2(xv.y), h);
-                            h = __hfma2(wv[2], bits_h2(xv.z), h);
-                            h = __hfma2(wv[3], bits_h2(xv.w), h);
-                            hp[m][g & 1] = h;
-                        }
-                    }
+                for (int g = 0; g < 4; ++g) {
+                    half2 wv[4];
+                    pairs_half<K>(pc[u], g, cbl, tblc, lane4, wv);
 #pragma unroll
                     for (int m = 0; m < MP; ++m) {
-                        const float2 f0 = __half22float2(hp[m][0]), f1 = __half22float2(hp[m][1]);
-                        acc[m] = fmaf((f0.x + f0.y) + (f1.x + f1.y), sc, acc[m]);
+                        const uint4 xv = reinterpret_cast<const uint4*>(xs)[(m * CH + jl) * 4 + g];
+                        half2 h = hp[m][g & 1];
+                        h = __hfma2(wv[0], bits_h2(xv.x), h);
+                        h = __hfma2(wv[1], bits_h2(xv.y), h);
+                        h = __hfma2(wv[2], bits_h2(xv.z), h);
+                        h = __hfma2(wv[3], bits_h2(xv.w), h);
+                        hp[m][g & 1] = h;
                     }
-                } else {
-                    float part[MP];
+                }
 #pragma unroll
-                    for (int m = 0; m < MP; ++m) part[m] = 0.f;
-#pragma unroll
-                    for (int g = 0; g < 4; ++g) {
-                        float2 wv[4];
-                        pairs_float<K>(pc[u], g, cbl, tblc, lane4, wv);
-#pragma unroll
-                        for (int m = 0; m < MP; ++m) {
-                            const float4* xv = reinterpret_cast<const float4*>(xs) + ((m * CH + jl) * 4 + g) * 2;
-                            const float4 x0 = xv[0], x1 = xv[1];
-                            float h = part[m];
-                            h = fmaf(wv[0].x, x0.x, h); h = fmaf(wv[0].y, x0.y, h);
-                            h = fmaf(wv[1].x, x0.z, h); h = fmaf(wv[1].y, x0.w, h);
-                            h = fmaf(wv[2].x, x1.x, h); h = fmaf(wv[2].y, x1.y, h);
-                            h = fmaf(wv[3].x, x1.z, h); h = fmaf(wv[3].y, x1.w, h);
-                            part[m] = h;
-                        }
-                    }
-#pragma unroll
-                    for (int m = 0; m < MP; ++m) acc[m] = fmaf(part[m], sc, acc[m]);
+                for (int m = 0; m < MP; ++m) {
+                    const float2 f0 = __half22float2(hp[m][0]), f1 = __half22float2(hp[m][1]);
+                    acc[m] = fmaf((f0.x + f0.y) + (f1.x + f1.y), sc * xinv[m], acc[m]);
                 }
             }
         }
@@ -263,13 +246,15 @@ __global__ void __launch_bounds__(kGThreads, 2) grouped_gemv_kernel(
     uint32_t* tbl = reinterpret_cast<uint32_t*>(smem_ggemv);
     char* xs = reinterpret_cast<char*>(tbl + (K <= 4 ? kLutWords : 0));
     float* red = reinterpret_cast<float*>(xs + xbytes);
+    __shared__ unsigned xmax[2][kGMaxRows];  // bf16: max |x| bits per staged row, two chunks in turn
+    if (threadIdx.x < 2 * kGMaxRows) xmax[threadIdx.x / kGMaxRows][threadIdx.x % kGMaxRows] = 0u;
     const int n = it.row1 - it.row0;  // CTA-uniform
     if (n == 1) {
-        gemv_expert<T, K, 1>(x, codebook, y, w, it.row0, it.row1, N, nb, tbl, xs, xbytes, red);
+        gemv_expert<T, K, 1>(x, codebook, y, w, it.row0, it.row1, N, nb, tbl, xs, xbytes, red, xmax);
     } else if (n == 2) {
-        gemv_expert<T, K, 2>(x, codebook, y, w, it.row0, it.row1, N, nb, tbl, xs, xbytes, red);
+        gemv_expert<T, K, 2>(x, codebook, y, w, it.row0, it.row1, N, nb, tbl, xs, xbytes, red, xmax);
     } else {
-        gemv_expert<T, K, kGMaxRows>(x, codebook, y, w, it.row0, it.row1, N, nb, tbl, xs, xbytes, red);
+        gemv_expert<T, K, kGMaxRows>(x, codebook, y, w, it.row0, it.row1, N, nb, tbl, xs, xbytes, red, xmax);
     }
 }
 
@@ -277,7 +262,7 @@ template <typename T, int K>
 int launch_grouped_gemv_k(const void* x, const void* pt, const uint8_t* at, const float* cb, const int* offs, void* y,
                           int n_exp, int rows, int N, int nb, int slots, int rgpc, int wk, cudaStream_t stream) {
     const int threads = rgpc * wk * 32;
-    const int xbytes = max(kGXBudget, wk * kGU * kGMaxRows * GXs<T>::kBytes);
+    const int xbytes = max(kGXBudget, wk * kGU * kGMaxRows * kGXBlockBytes);
     const size_t smem = static_cast<size_t>(K <= 4 ? kLutWords * 4 : 0) + static_cast<size_t>(xbytes) +
                         static_cast<size_t>(threads / 32) * kGMaxRows * 32 * sizeof(float);
     auto kern = grouped_gemv_kernel<T, K>;

@@ -10,6 +10,7 @@
 // Partial tiles are added into a zeroed fp32 accumulator with vector reductions in L2
 // (red_add4, stream_k.cuh); the order of those additions varies from run to run.
 #pragma once
+#include "bf16_scaled.cuh"
 #include "kbit_lut.cuh"
 #include "stream_k.cuh"
 
@@ -82,47 +83,10 @@ __device__ __forceinline__ void sk_load(const uint4* __restrict__ P, const uint3
     a = __ldg(A + u * 32 + lane);
 }
 
-// The power of two that maps a row of max |x| = mx below 2^10 (so sk_unit's fp16 half2 partial sums
-// of at most 16 products of |w| <= 1 per half stay far from overflow), and its inverse, which undoes
-// it on output. Inf rows keep scale 1 (NaN is ignored by fmaxf) and propagate.
-__device__ __forceinline__ void x_pow2_scale(float mx, float& scale, float& inv) {
-    int e = 0;
-    if (mx > 0.f && mx < INFINITY) {
-        frexpf(mx, &e);  // mx < 2^e
-        e = min(max(10 - e, -120), 120);
-    }
-    scale = ldexpf(1.f, e);
-    inv = ldexpf(1.f, -e);
-}
-
 // Word offset in the wide table of staged x block (slot) jb: the unused right half of table row
 // jb / 2 (64 bytes per block of 32 fp16), so 512 slots fit beside the table.
 constexpr int kStagedXSlots = 512;
 __device__ __forceinline__ int staged_x_word(int jb) { return (jb >> 1) * 64 + 32 + (jb & 1) * 16; }
-
-// (bf16, bf16) word -> (fp16, fp16) word of the values times a power of two (exact unless tiny).
-__device__ __forceinline__ uint32_t bf16x2_to_scaled_h2(uint32_t u, float scale) {
-    const float2 f = bf16x2_to_float2(u);
-    return h2_bits(__floats2half2_rn(f.x * scale, f.y * scale));
-}
-
-// The eight bf16 values of v as fp16 times scale (bf16x2_to_scaled_h2 per word).
-__device__ __forceinline__ uint4 bf16x8_to_scaled_h8(uint4 v, float scale) {
-    return make_uint4(bf16x2_to_scaled_h2(v.x, scale), bf16x2_to_scaled_h2(v.y, scale),
-                      bf16x2_to_scaled_h2(v.z, scale), bf16x2_to_scaled_h2(v.w, scale));
-}
-
-// max |x| over the eight bf16 values of v (NaN ignored, as fmaxf does).
-__device__ __forceinline__ float bf16x8_absmax(uint4 v) {
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-    float mx = 0.f;
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
-        const float2 f = bf16x2_to_float2(w[t]);
-        mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
-    }
-    return mx;
-}
 
 // acc[r][m] += (row 4*lane + r of this unit) . x row m of the unit's block; that row's 32 values
 // are the uint4s xb[xoff[m] + 0..3] (xoff lets a caller repeat a row for masked passes).
