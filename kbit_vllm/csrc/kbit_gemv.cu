@@ -244,12 +244,7 @@ __global__ void __launch_bounds__(kLutMaxThreads, 4) gemv_lut_kernel(
 #pragma unroll
                         for (int m = 0; m < M; ++m) {
                             const uint4 xv = reinterpret_cast<const uint4*>(xs_raw)[(m * chunk + jl) * 4 + g];
-                            half2 t = hp[m][g & 1];
-                            t = __hfma2(w[0], bits_h2(xv.x), t);
-                            t = __hfma2(w[1], bits_h2(xv.y), t);
-                            t = __hfma2(w[2], bits_h2(xv.z), t);
-                            t = __hfma2(w[3], bits_h2(xv.w), t);
-                            hp[m][g & 1] = t;
+                            hp[m][g & 1] = hfma2_x4(w, xv, hp[m][g & 1]);
                         }
                     }
 #pragma unroll

@@ -174,12 +174,7 @@ __device__ __forceinline__ void gemv_expert(const T* __restrict__ x, const float
 #pragma unroll
                     for (int m = 0; m < MP; ++m) {
                         const uint4 xv = reinterpret_cast<const uint4*>(xs)[(m * CH + jl) * 4 + g];
-                        half2 h = hp[m][g & 1];
-                        h = __hfma2(wv[0], bits_h2(xv.x), h);
-                        h = __hfma2(wv[1], bits_h2(xv.y), h);
-                        h = __hfma2(wv[2], bits_h2(xv.z), h);
-                        h = __hfma2(wv[3], bits_h2(xv.w), h);
-                        hp[m][g & 1] = h;
+                        hp[m][g & 1] = hfma2_x4(wv, xv, hp[m][g & 1]);
                     }
                 }
 #pragma unroll

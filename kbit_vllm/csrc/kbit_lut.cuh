@@ -17,6 +17,15 @@ constexpr int kLutWords = 256 * 32;  // [pair code][lane] words (32 KB)
 __device__ __forceinline__ uint32_t h2_bits(half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
 __device__ __forceinline__ half2 bits_h2(uint32_t u) { return *reinterpret_cast<half2*>(&u); }
 
+// h + the four weight pairs w times the four fp16 x pairs of xv (one group of a staged block), in
+// half2: the inner step of the table GEMVs' fp16 loops.
+__device__ __forceinline__ half2 hfma2_x4(const half2 (&w)[4], uint4 xv, half2 h) {
+    h = __hfma2(w[0], bits_h2(xv.x), h);
+    h = __hfma2(w[1], bits_h2(xv.y), h);
+    h = __hfma2(w[2], bits_h2(xv.z), h);
+    return __hfma2(w[3], bits_h2(xv.w), h);
+}
+
 // bf16 pair (lo, hi) of one 32-bit word as two floats (exact).
 __device__ __forceinline__ float2 bf16x2_to_float2(uint32_t u) {
     return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xFFFF0000u));
