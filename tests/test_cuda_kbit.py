@@ -230,6 +230,28 @@ def test_bf16_gemv_sk_staged_x(k, in_f, out_f):
         _check_linear(y, x, w64, b, torch.bfloat16)
 
 
+@pytest.mark.parametrize("k", (2, 3, 4))
+@pytest.mark.parametrize("in_f,out_f", ((2048, 1000), (16384, 96), (4096, 4096)))
+def test_bf16_table_gemv_blocks_of_mixed_magnitude(k, in_f, out_f):
+    """The table GEMV (csrc/kbit_gemv.cu) stages bf16 x as fp16 times a power of two per (row,
+    32-element block): rows of scale 2^-14..2^14 times blocks stepped 2^0..2^18, M = 1..4, one
+    or many staged chunks (16384 inputs), with and without a cluster split. A block left at
+    another block's or row's scale shows as a wrong or overflowed row, so each row is checked."""
+    packed, absmax, cb = _weights(out_f, in_f, k)
+    pt, at = ops.kbit_repack(packed, absmax, k)
+    w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64)
+    stepped = torch.pow(2.0, 3.0 * (torch.arange(in_f, device=DEV) // 32 % 7))
+    for m in range(1, dispatch.GEMV_MAX_M + 1):
+        rows = torch.pow(2.0, torch.randint(-14, 15, (m, 1)).float()).to(DEV)
+        for blocks in (1.0, stepped):
+            x = (torch.randn(m, in_f, device=DEV) * rows * blocks).to(torch.bfloat16)
+            poison_allocator(m * out_f * 2)
+            y = cuda_ops.linear_path(x, pt, at, cb, None, k, out_f, "gemv_cluster")
+            assert torch.isfinite(y).all(), f"M={m}: non-finite outputs"
+            for r in range(m):
+                _check_linear(y[r : r + 1], x[r : r + 1], w64, None, torch.bfloat16)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m", (1, 3, 8, 40))
 def test_nonfinite_activations_propagate(dtype, m):

@@ -8,17 +8,18 @@
 namespace kbit {
 
 // The power of two that maps a row of max |x| = mx below 2^10 (so fp16 half2 partial sums of
-// products with |w| <= 1, at most 16 per half in sk_unit and 8 in the slot GEMV, stay far from
-// overflow), and its inverse, which undoes it on output. Inf rows keep scale 1 (NaN is ignored by
-// fmaxf) and propagate.
+// products with |w| <= 1, at most 16 per half in sk_unit and 8 in the slot and table GEMVs, stay
+// far from overflow), and its inverse, which undoes it on output. From mx's exponent bits (mx <
+// 2^(be - 126) for biased exponent be; subnormal mx clamps like tiny normals): no frexpf / ldexpf
+// calls in the staging loops. Inf and NaN rows keep scale 1 and propagate.
 __device__ __forceinline__ void x_pow2_scale(float mx, float& scale, float& inv) {
     int e = 0;
     if (mx > 0.f && mx < INFINITY) {
-        frexpf(mx, &e);  // mx < 2^e
-        e = min(max(10 - e, -120), 120);
+        const int be = (__float_as_int(mx) >> 23) & 0xff;
+        e = min(max(136 - be, -120), 120);  // 10 - (be - 126)
     }
-    scale = ldexpf(1.f, e);
-    inv = ldexpf(1.f, -e);
+    scale = __int_as_float((127 + e) << 23);
+    inv = __int_as_float((127 - e) << 23);
 }
 
 // (bf16, bf16) word -> (fp16, fp16) word of the values times a power of two (exact unless tiny).
@@ -33,16 +34,13 @@ __device__ __forceinline__ uint4 bf16x8_to_scaled_h8(uint4 v, float scale) {
                       bf16x2_to_scaled_h2(v.z, scale), bf16x2_to_scaled_h2(v.w, scale));
 }
 
-// max |x| over the eight bf16 values of v (NaN ignored, as fmaxf does).
+// max |x| over the eight bf16 values of v, compared as sign-cleared bits (monotonic for every
+// non-NaN value). A NaN wins here and in the callers' atomicMax (scale 1), fmaxf callers drop
+// it; either way the NaN itself reaches the outputs.
 __device__ __forceinline__ float bf16x8_absmax(uint4 v) {
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-    float mx = 0.f;
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
-        const float2 f = bf16x2_to_float2(w[t]);
-        mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
-    }
-    return mx;
+    constexpr uint32_t kAbs = 0x7fff7fffu;
+    const uint32_t m2 = __vmaxu2(__vmaxu2(v.x & kAbs, v.y & kAbs), __vmaxu2(v.z & kAbs, v.w & kAbs));
+    return __uint_as_float(max(m2 & 0xffffu, m2 >> 16) << 16);
 }
 
 }  // namespace kbit

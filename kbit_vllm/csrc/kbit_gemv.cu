@@ -7,13 +7,15 @@
 // The tiled bit order gives, per group g, one word whose byte i holds the codes of elements
 // 8i + 2g and 8i + 2g + 1 (three bit-selects + a rotate, kbit_tile.cuh), so one rotate + one
 // lop3 makes the table address of a pair, and the pair multiplies the half2 (x[8i+2g],
-// x[8i+2g+1]) of the activation. fp16 activations: half2 FMA, flushed to fp32 once per
-// 32-element block (times the block scale); bf16: the half2 pair converts to fp32 and FMAs in
-// fp32. x is staged in shared memory in (group, pair) order. The CTA holds `rgpc` row groups x
+// x[8i+2g+1]) of the activation, in half2 FMAs flushed to fp32 once per 32-element block (times
+// the block scale). bf16 x is staged as fp16 times a power of two per (row, block) (bf16_scaled.cuh;
+// the four threads that stage a block share its max by shuffles), and the inverse joins the block
+// scale, so both dtypes run the same half2 loop. x is staged in shared memory in (group, pair) order. The CTA holds `rgpc` row groups x
 // `wk` warps along K; `splits` CTAs of one thread-block cluster (sm_90) split K further and the
 // cluster's rank-0 CTA sums every partial in a fixed order through distributed shared memory
 // (deterministic; no workspace, no atomics).
 // k = 5 (gemv_shfl_kernel): the codebook lives in lane registers and is read with a shuffle.
+#include "bf16_scaled.cuh"
 #include "kbit_lut.cuh"
 
 #include <cooperative_groups.h>
@@ -153,8 +155,9 @@ constexpr int kLutU = 4;                 // blocks in flight per warp
 constexpr int kLutXBudget = 16 * 1024;   // bytes of staged x per chunk
 constexpr int kLutMaxThreads = 256;
 
-template <typename T> struct LutMath { static constexpr bool kHalf = false; static constexpr int kXBytes = 128; };
-template <> struct LutMath<half> { static constexpr bool kHalf = true; static constexpr int kXBytes = 64; };
+// Staged bytes per (row, block): 32 fp16 values, plus the block's inverse scale for bf16.
+template <typename T> struct LutMath { static constexpr bool kScaled = true; static constexpr int kXBytes = 68; };
+template <> struct LutMath<half> { static constexpr bool kScaled = false; static constexpr int kXBytes = 64; };
 
 template <typename T, int K, int M>
 __global__ void __launch_bounds__(kLutMaxThreads, 4) gemv_lut_kernel(
@@ -162,7 +165,7 @@ __global__ void __launch_bounds__(kLutMaxThreads, 4) gemv_lut_kernel(
     const float* __restrict__ codebook, const T* __restrict__ bias, T* __restrict__ y, int N, int nb, int rgpc,
     int splits, int chunk) {
     static_assert(K >= 2 && K <= 4, "table GEMV takes k = 2..4");
-    constexpr bool H = LutMath<T>::kHalf;
+    constexpr bool SC = LutMath<T>::kScaled;
     extern __shared__ uint4 smem_lut[];
     uint32_t* tbl = reinterpret_cast<uint32_t*>(smem_lut);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -176,6 +179,7 @@ __global__ void __launch_bounds__(kLutMaxThreads, 4) gemv_lut_kernel(
     const int per = (nb + splits - 1) / splits;
     const int kb0 = split * per, kb1 = min(nb, kb0 + per);
     char* xs_raw = reinterpret_cast<char*>(tbl + kLutWords);
+    float* xinv = reinterpret_cast<float*>(xs_raw + static_cast<size_t>(chunk) * M * 64);  // [M][chunk], bf16 only
     float* red = reinterpret_cast<float*>(xs_raw + static_cast<size_t>(chunk) * M * LutMath<T>::kXBytes);
 
     // Table: entry e (word e * 32 + lane) = (codebook[e & 15], codebook[e >> 4]) for every lane.
@@ -195,20 +199,28 @@ __global__ void __launch_bounds__(kLutMaxThreads, 4) gemv_lut_kernel(
     for (int c0 = kb0; c0 < kb1; c0 += chunk) {
         const int cn = min(chunk, kb1 - c0);
         __syncthreads();  // table built / previous chunk's x no longer read
-        for (int i = threadIdx.x; i < M * cn * 4; i += blockDim.x) {
-            const int m = i / (cn * 4), q = i - m * (cn * 4);  // q: 8-element run; block q / 4, pair index q % 4
-            union { uint4 u; T h[8]; } pk;
-            pk.u = __ldg(reinterpret_cast<const uint4*>(x + static_cast<size_t>(m) * in_f + static_cast<size_t>(c0) * 32 + q * 8));
+        // Warp-uniform trips (blockDim is a multiple of 32): the four lanes that stage a block are
+        // four neighbours of one warp, all in or all out, so their shuffles see each other.
+        const int total = M * cn * 4;
+        for (int base = 0; base < total; base += blockDim.x) {
+            const int i = base + threadIdx.x;
+            const bool ok = i < total;
+            const int m = ok ? i / (cn * 4) : 0, q = ok ? i - m * (cn * 4) : 0;  // q: 8-element run; block q / 4, pair index q % 4
             const int jl = q >> 2, ii = q & 3;
-            if constexpr (H) {
+            uint4 v = ok ? __ldg(reinterpret_cast<const uint4*>(x + static_cast<size_t>(m) * in_f + static_cast<size_t>(c0) * 32 + q * 8))
+                         : make_uint4(0u, 0u, 0u, 0u);
+            if constexpr (SC) {
+                float mx = bf16x8_absmax(v);
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                float sc, inv;
+                x_pow2_scale(mx, sc, inv);
+                v = bf16x8_to_scaled_h8(v, sc);
+                if (ok && ii == 0) xinv[m * chunk + jl] = inv;
+            }
+            if (ok) {
                 uint32_t* dst = reinterpret_cast<uint32_t*>(xs_raw) + (m * chunk + jl) * 16;
-                const uint32_t* src = reinterpret_cast<const uint32_t*>(&pk.u);
-#pragma unroll
-                for (int g = 0; g < 4; ++g) dst[g * 4 + ii] = src[g];  // (x[8i+2g], x[8i+2g+1]) at word 4g + i
-            } else {
-                float2* dst = reinterpret_cast<float2*>(xs_raw) + (m * chunk + jl) * 16;
-#pragma unroll
-                for (int g = 0; g < 4; ++g) dst[g * 4 + ii] = make_float2(to_float(pk.h[2 * g]), to_float(pk.h[2 * g + 1]));
+                dst[ii] = v.x; dst[4 + ii] = v.y; dst[8 + ii] = v.z; dst[12 + ii] = v.w;  // (x[8i+2g], x[8i+2g+1]) at word 4g + i
             }
         }
         __syncthreads();
@@ -229,55 +241,28 @@ __global__ void __launch_bounds__(kLutMaxThreads, 4) gemv_lut_kernel(
                 const int jl = jb + u;
                 if (jl >= cn) break;  // warp-uniform
                 const float s = decode_e4m4(a[u]);
-                if constexpr (H) {
-                    half2 hp[M][2];
+                half2 hp[M][2];
 #pragma unroll
-                    for (int m = 0; m < M; ++m) hp[m][0] = hp[m][1] = __float2half2_rn(0.f);
+                for (int m = 0; m < M; ++m) hp[m][0] = hp[m][1] = __float2half2_rn(0.f);
 #pragma unroll
-                    for (int g = 0; g < 4; ++g) {
-                        const uint32_t gw = group_word<K>(p[u], g);
-                        half2 w[4];
-                        w[0] = *reinterpret_cast<const half2*>(tblc + lut_off<0>(gw, lane4));
-                        w[1] = *reinterpret_cast<const half2*>(tblc + lut_off<1>(gw, lane4));
-                        w[2] = *reinterpret_cast<const half2*>(tblc + lut_off<2>(gw, lane4));
-                        w[3] = *reinterpret_cast<const half2*>(tblc + lut_off<3>(gw, lane4));
-#pragma unroll
-                        for (int m = 0; m < M; ++m) {
-                            const uint4 xv = reinterpret_cast<const uint4*>(xs_raw)[(m * chunk + jl) * 4 + g];
-                            hp[m][g & 1] = hfma2_x4(w, xv, hp[m][g & 1]);
-                        }
-                    }
+                for (int g = 0; g < 4; ++g) {
+                    const uint32_t gw = group_word<K>(p[u], g);
+                    half2 w[4];
+                    w[0] = *reinterpret_cast<const half2*>(tblc + lut_off<0>(gw, lane4));
+                    w[1] = *reinterpret_cast<const half2*>(tblc + lut_off<1>(gw, lane4));
+                    w[2] = *reinterpret_cast<const half2*>(tblc + lut_off<2>(gw, lane4));
+                    w[3] = *reinterpret_cast<const half2*>(tblc + lut_off<3>(gw, lane4));
 #pragma unroll
                     for (int m = 0; m < M; ++m) {
-                        const float2 f0 = __half22float2(hp[m][0]), f1 = __half22float2(hp[m][1]);
-                        acc[m] = fmaf((f0.x + f0.y) + (f1.x + f1.y), s, acc[m]);
+                        const uint4 xv = reinterpret_cast<const uint4*>(xs_raw)[(m * chunk + jl) * 4 + g];
+                        hp[m][g & 1] = hfma2_x4(w, xv, hp[m][g & 1]);
                     }
-                } else {
-                    float part[M];
+                }
 #pragma unroll
-                    for (int m = 0; m < M; ++m) part[m] = 0.f;
-#pragma unroll
-                    for (int g = 0; g < 4; ++g) {
-                        const uint32_t gw = group_word<K>(p[u], g);
-                        float2 w[4];
-                        w[0] = __half22float2(*reinterpret_cast<const half2*>(tblc + lut_off<0>(gw, lane4)));
-                        w[1] = __half22float2(*reinterpret_cast<const half2*>(tblc + lut_off<1>(gw, lane4)));
-                        w[2] = __half22float2(*reinterpret_cast<const half2*>(tblc + lut_off<2>(gw, lane4)));
-                        w[3] = __half22float2(*reinterpret_cast<const half2*>(tblc + lut_off<3>(gw, lane4)));
-#pragma unroll
-                        for (int m = 0; m < M; ++m) {
-                            const float4* xv = reinterpret_cast<const float4*>(xs_raw) + ((m * chunk + jl) * 4 + g) * 2;
-                            const float4 x0 = xv[0], x1 = xv[1];
-                            float t = part[m];
-                            t = fmaf(w[0].x, x0.x, t); t = fmaf(w[0].y, x0.y, t);
-                            t = fmaf(w[1].x, x0.z, t); t = fmaf(w[1].y, x0.w, t);
-                            t = fmaf(w[2].x, x1.x, t); t = fmaf(w[2].y, x1.y, t);
-                            t = fmaf(w[3].x, x1.z, t); t = fmaf(w[3].y, x1.w, t);
-                            part[m] = t;
-                        }
-                    }
-#pragma unroll
-                    for (int m = 0; m < M; ++m) acc[m] = fmaf(part[m], s, acc[m]);
+                for (int m = 0; m < M; ++m) {
+                    const float2 f0 = __half22float2(hp[m][0]), f1 = __half22float2(hp[m][1]);
+                    const float sm = SC ? s * xinv[m * chunk + jl] : s;
+                    acc[m] = fmaf((f0.x + f0.y) + (f1.x + f1.y), sm, acc[m]);
                 }
             }
         }
@@ -320,7 +305,11 @@ int launch_gemv_lut_km(const void* x, const void* packed_t, const uint8_t* absma
                        const void* bias, int N, int nb, void* y, int rgpc, int wk, int splits, cudaStream_t stream) {
     const int n_rg = ((N + kTileN - 1) / kTileN) * 4;
     const int per = (nb + splits - 1) / splits;
-    const int chunk = max(1, min(per, kLutXBudget / (M * LutMath<T>::kXBytes)));
+    // Chunks of equal size: a short last chunk would cost a staging round and a barrier for a few
+    // blocks that leave most warps idle.
+    const int max_chunk = max(1, kLutXBudget / (M * LutMath<T>::kXBytes));
+    const int n_chunks = (per + max_chunk - 1) / max_chunk;
+    const int chunk = (per + n_chunks - 1) / n_chunks;
     const int threads = rgpc * wk * 32;
     const size_t smem = static_cast<size_t>(kLutWords) * 4 + static_cast<size_t>(chunk) * M * LutMath<T>::kXBytes +
                         static_cast<size_t>(rgpc) * wk * M * 32 * sizeof(float);
