@@ -5,8 +5,9 @@ bench_moe.py times the grouped GEMMs alone, back to back; at decode a layer is a
 router of torch kernels (no PDL). This times the layer end to end: router logits, softmax, top-k
 and renormalize in torch (vLLM's topkGating stands in), then kbit_vllm's moe_forward with k=4
 experts of Qwen3-30B-A3B shapes (128 experts, hidden 2048, intermediate 768, top-8). Variants in
-the same run: the layer as shipped; PDL off (KBIT_VLLM_PDL=0's switch, at run time); the rows
-gathered by torch's index_select instead of moe_gather (the glue before session 16).
+the same run: the layer as shipped; PDL off (KBIT_VLLM_PDL=0's switch, at run time); routing and
+gather as two kernels (moe_route, then moe_gather: the glue of session 16, before the routing CTA
+copied a decode batch's rows itself).
 
 One CUDA graph calls the layer over LAYERS copies of the expert weights with a routing of their
 own each (their active experts exceed the L2); median of replays, per layer.
@@ -66,19 +67,25 @@ def layer_call(lay: dict, x: torch.Tensor):
     return run
 
 
+def route_then_gather(ids, w, n_exp, emap, x):
+    """moe_route_gather as two launches."""
+    routed = ops.moe_route(ids, w, n_exp, emap)
+    return (*routed, ops.moe_gather(x, routed[0]))
+
+
 @contextlib.contextmanager
 def variant(name: str):
-    """'ours' as shipped, 'no_pdl' with the PDL switch off, 'index_select' with torch's gather."""
-    saved = ops.moe_gather
+    """'ours' as shipped, 'no_pdl' with the PDL switch off, 'unfused' routing and gather apart."""
+    saved = ops.moe_route_gather
     if name == "no_pdl":
         LIB.kbit_vllm_set_pdl(0)
-    if name == "index_select":
-        ops.moe_gather = lambda x, src: x.index_select(0, src)
+    if name == "unfused":
+        ops.moe_route_gather = route_then_gather
     try:
         yield
     finally:
         LIB.kbit_vllm_set_pdl(1)
-        ops.moe_gather = saved
+        ops.moe_route_gather = saved
 
 
 def main() -> None:
@@ -87,7 +94,7 @@ def main() -> None:
     args = ap.parse_args()
     start_run()
     layers = make_layers()
-    names = ("ours", "no_pdl", "index_select")
+    names = ("ours", "no_pdl", "unfused")
     print("\n| tokens | " + " | ".join(names) + " |  (µs per MoE layer, bf16, k=4, Qwen3-30B-A3B shapes)")
     print("|---" * (1 + len(names)) + "|")
     for t in (int(v) for v in args.tokens.split(",")):

@@ -182,8 +182,7 @@ MOE_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 
 
 def check_moe_route(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
-                    expert_map: torch.Tensor | None) -> None:
-    op = "moe_route"
+                    expert_map: torch.Tensor | None, op: str = "moe_route") -> None:
     _same_device(op, topk_ids=topk_ids, topk_weights=topk_weights, expert_map=expert_map)
     require(topk_ids.dim() == 2, op, f"topk_ids must be [tokens, top_k], got {list(topk_ids.shape)}")
     require(topk_ids.shape[1] >= 1, op, f"top_k must be >= 1, got topk_ids {list(topk_ids.shape)}")
@@ -203,6 +202,17 @@ def check_moe_gated_act(gate_up: torch.Tensor, activation: str) -> None:
     require(gate_up.dim() == 2 and gate_up.shape[1] % 2 == 0 and gate_up.shape[1] > 0, op,
             f"gate_up must be [rows, 2 * intermediate] ([gate | up]), got {list(gate_up.shape)}")
     _dtype(gate_up, FLOAT_DTYPES, op, "gate_up")
+
+
+def check_moe_route_gather(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
+                           expert_map: torch.Tensor | None, x: torch.Tensor) -> None:
+    op = "moe_route_gather"
+    check_moe_route(topk_ids, topk_weights, num_experts, expert_map, op)
+    _same_device(op, topk_ids=topk_ids, x=x)
+    require(x.dim() == 2, op, f"x must be [tokens, hidden], got {list(x.shape)}")
+    _dtype(x, FLOAT_DTYPES, op, "x")
+    require(x.shape[0] == topk_ids.shape[0], op,
+            f"x has {x.shape[0]} tokens but topk_ids routes {topk_ids.shape[0]} ({list(topk_ids.shape)})")
 
 
 def check_moe_gather(x: torch.Tensor, src_row: torch.Tensor) -> None:

@@ -41,6 +41,8 @@ _SCHEMAS = {
     "moe_route": "(Tensor topk_ids, Tensor topk_weights, int num_experts, Tensor? expert_map) "
     "-> (Tensor, Tensor, Tensor, Tensor)",
     "moe_gather": "(Tensor x, Tensor src_row) -> Tensor",
+    "moe_route_gather": "(Tensor topk_ids, Tensor topk_weights, int num_experts, Tensor? expert_map, Tensor x) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
     "moe_gated_act": "(Tensor gate_up, str activation) -> Tensor",
     "moe_combine": "(Tensor down, Tensor slot, Tensor weights, int top_k) -> Tensor",
 }
@@ -145,6 +147,15 @@ def _(x, src_row):
     return x.new_empty((src_row.shape[0], x.shape[1]))
 
 
+@_fake("moe_route_gather")
+def _(topk_ids, topk_weights, num_experts, expert_map, x):
+    C.check_moe_route_gather(topk_ids, topk_weights, num_experts, expert_map, x)
+    n = topk_ids.numel()
+    i32 = dict(dtype=torch.int32, device=topk_ids.device)
+    return (torch.empty(n, **i32), torch.empty(n, **i32), torch.empty(num_experts + 1, **i32),
+            torch.empty(n, dtype=torch.float32, device=topk_ids.device), x.new_empty((n, x.shape[1])))
+
+
 @_fake("moe_gated_act")
 def _(gate_up, activation):
     C.check_moe_gated_act(gate_up, activation)
@@ -246,6 +257,14 @@ def moe_route(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: i
 def moe_gather(x: torch.Tensor, src_row: torch.Tensor) -> torch.Tensor:
     """x [T, H] -> x[src_row] [rows, H]: the tokens' rows in moe_route's expert order (src_row int32)."""
     return _ops.moe_gather(x, src_row)
+
+
+def moe_route_gather(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
+                     expert_map: torch.Tensor | None, x: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """moe_route's four outputs, then moe_gather(x, src_row): on CUDA one launch for a decode-sized
+    batch (the routing CTA copies the rows), so the MoE layer's first kernel yields its GEMM's input."""
+    return _ops.moe_route_gather(topk_ids, topk_weights, num_experts, expert_map, x)
 
 
 def moe_gated_act(gate_up: torch.Tensor, activation: str) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""CUDA MoE glue ops (moe_route, moe_gather, moe_gated_act, moe_combine) against the PyTorch reference, and the
+"""CUDA MoE glue ops (moe_route, moe_gather, moe_route_gather, moe_gated_act, moe_combine) against the PyTorch
+reference, and the
 whole moe_forward on the GPU against a per-token float64 loop, eager and replayed in a CUDA graph.
 
 moe_route must equal the reference bit for bit (a stable sort: the order is defined). The gated
@@ -114,6 +115,40 @@ def test_gather_equals_index_select(tokens, rows, hidden, dtype, gen):
     y = ops.moe_gather(x, src)
     assert y.shape == (rows, hidden) and y.dtype == dtype
     assert torch.equal(y, x.index_select(0, src)), f"tokens={tokens} rows={rows} hidden={hidden}"
+
+
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16, torch.float32))
+@pytest.mark.parametrize("tokens,n_exp,top_k,hidden", [(1, 128, 8, 2048), (2, 128, 8, 2048), (3, 128, 8, 2048),
+                                                       (1, 8, 2, 4096), (13, 60, 4, 72), (6, 16, 2, 100),
+                                                       (1000, 128, 8, 64), (40, 2000, 2, 64)])
+def test_route_gather_equals_route_then_gather(tokens, n_exp, top_k, hidden, dtype, gen):
+    """Bit for bit against moe_route + index_select, at row counts on both sides of the one-CTA copy
+    (moe_ops.ROUTE_GATHER_MAX_BYTES: bf16 hidden 2048 top-8 is fused at 1 token, not at 2),
+    rows of 9 chunks, rows of no whole chunk (fallback), > 1024 experts (reference route), with an
+    expert map, and in a CUDA graph replayed under new routing and new x."""
+    w, ids = _routing(tokens, n_exp, top_k, gen)
+    x = torch.randn(tokens, hidden, generator=gen).to(dtype).to(DEV)
+    n_global = 2 * n_exp
+    emap = torch.full((n_global,), -1, dtype=torch.int32)
+    emap[torch.randperm(n_global, generator=gen)[:n_exp]] = torch.randperm(n_exp, generator=gen).to(torch.int32)
+    for c_map in (None, emap.to(DEV)):
+        poison_allocator(64 << 20)
+        got = ops.moe_route_gather(ids, w, n_exp, c_map, x)
+        want = ref.moe_route_gather(ids, w, n_exp, c_map, x)
+        for name, g, r in zip(("src_row", "slot", "offsets", "weights", "rows"), got, want, strict=True):
+            assert g.dtype == r.dtype and g.shape == r.shape, f"{name}"
+            assert torch.equal(g, r), f"map={c_map is not None} {name}"
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ops.moe_route_gather(ids, w, n_exp, None, x)
+    for _ in range(2):
+        w2, ids2 = _routing(tokens, n_exp, top_k, gen)
+        ids.copy_(ids2)
+        w.copy_(w2)
+        x.copy_(torch.randn(tokens, hidden, generator=gen).to(dtype))
+        graph.replay()
+        for g, r in zip(out, ref.moe_route_gather(ids, w, n_exp, None, x), strict=True):
+            assert torch.equal(g, r), "graph replay"
 
 
 def _experts(n_exp: int, hidden: int, inter: int, k: int, gen: torch.Generator):

@@ -127,6 +127,10 @@ def test_route_is_stable_sort_with_masking(gen: torch.Generator) -> None:
     w8, ids8 = routing(gen, n_exp=8, tokens=17)
     emap = torch.tensor([-1, 2, -1, 0, 1, -1, 3, -1], dtype=torch.int32)
     check_route(ids8, w8, E, emap, ops.moe_route(ids8, w8, E, emap))
+    x = torch.randn(33, H, generator=gen)
+    *routed, rows = ops.moe_route_gather(ids, w, E, None, x)
+    check_route(ids, w, E, None, routed)
+    assert torch.equal(rows, x[routed[0].long()])
 
 
 def test_gated_act_and_combine_ops(gen: torch.Generator) -> None:
@@ -155,6 +159,12 @@ def test_glue_op_errors_name_the_op() -> None:
         ops.moe_route(ids, torch.ones(4, 3), E)
     with pytest.raises(ValueError, match="moe_route: topk_ids must be"):
         ops.moe_route(ids.float(), torch.ones(4, 2), E)
+    with pytest.raises(ValueError, match=r"moe_route_gather: x has 3 tokens but topk_ids routes 4"):
+        ops.moe_route_gather(ids, torch.ones(4, 2), E, None, torch.ones(3, 8))
+    with pytest.raises(ValueError, match="moe_route_gather: topk_weights must match"):
+        ops.moe_route_gather(ids, torch.ones(4, 3), E, None, torch.ones(4, 8))
+    with pytest.raises(ValueError, match=r"moe_route_gather: x must be \[tokens, hidden\]"):
+        ops.moe_route_gather(ids, torch.ones(4, 2), E, None, torch.ones(4))
     with pytest.raises(ValueError, match="moe_gated_act: activation must be one of"):
         ops.moe_gated_act(torch.ones(2, 8), "relu")
     with pytest.raises(ValueError, match=r"moe_gated_act: gate_up must be \[rows, 2 \* intermediate\]"):

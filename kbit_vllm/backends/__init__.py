@@ -19,11 +19,11 @@ from .cuda import ops as cuda_ops
 _REFERENCE_OPS = (
     "kbit_quantize", "kbit_dequantize", "kbit_repack", "kbit_unrepack", "kbit_linear",
     "kbit_grouped_linear", "awq_dequantize", "awq_repack", "awq_unrepack", "awq_linear",
-    "awq_grouped_linear", "moe_route", "moe_gather", "moe_gated_act", "moe_combine",
+    "awq_grouped_linear", "moe_route", "moe_gather", "moe_route_gather", "moe_gated_act", "moe_combine",
 )
 _CUDA_KERNEL_OPS = ("kbit_quantize", "kbit_dequantize", "kbit_repack", "kbit_unrepack", "kbit_linear",
                     "kbit_grouped_linear")
-_CUDA_MOE_OPS = ("moe_route", "moe_gather", "moe_gated_act", "moe_combine")
+_CUDA_MOE_OPS = ("moe_route", "moe_gather", "moe_route_gather", "moe_gated_act", "moe_combine")
 _CUDA_AWQ_OPS = ("awq_repack", "awq_unrepack", "awq_linear", "awq_grouped_linear")
 
 _registered = False

@@ -1,9 +1,10 @@
 """Routed-expert MoE math shared by the vLLM FusedMoE methods and the HF experts modules.
 
-One forward for both frameworks: order the (token, k) pairs by expert on the device
-(moe_route), gather their rows (moe_gather), run the gate/up grouped GEMM, the gated activation
+One forward for both frameworks: order the (token, k) pairs by expert on the device and gather
+their rows (moe_route_gather), run the gate/up grouped GEMM, the gated activation
 (moe_gated_act), the down grouped GEMM, then weight each pair by its router weight and sum the
-k pairs of each token (moe_combine). On a GPU that is six kernels per layer, all ours and
+k pairs of each token (moe_combine). On a GPU that is five or six kernels per layer (the routing
+CTA copies a decode batch's rows itself; bigger batches take a gather kernel), all ours and
 launched with PDL, so each one's launch overlaps the previous one's tail (the torch version of
 the glue was ~20, which at decode cost more than the GEMMs). Every step has a static shape
 and no host sync (no ``.item()``/``.tolist()``, no ``nonzero``), so the whole function traces
@@ -52,14 +53,13 @@ def moe_forward(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Ten
     """sum_k w[t,k] * down_e(act(gate_e(x_t)) * up_e(x_t)), e = topk_ids[t,k]; x [T, H] -> [T, H].
 
     w13 returns [gate | up] (concatenated halves) per row. Pairs whose (mapped) expert is not
-    local contribute nothing (moe_route). act_name (or an act_fn gated_act_name knows) runs the
+    local contribute nothing (moe_route_gather). act_name (or an act_fn gated_act_name knows) runs the
     fused moe_gated_act; any other act_fn runs as torch ops with the same fp32 math. The k
     outputs of a token are summed in fp32 in k order (moe_combine: deterministic).
     """
     top_k = topk_ids.shape[-1]
-    src_row, slot, offsets, weights = ops.moe_route(topk_ids.reshape(-1, top_k), topk_weights.reshape(-1, top_k),
-                                                    num_experts, expert_map)
-    rows = ops.moe_gather(x, src_row)
+    _, slot, offsets, weights, rows = ops.moe_route_gather(topk_ids.reshape(-1, top_k),
+                                                           topk_weights.reshape(-1, top_k), num_experts, expert_map, x)
     if apply_router_weight_on_input:  # vLLM: scale the input rows, then sum outputs unweighted
         per_row = torch.zeros_like(weights).index_copy_(0, slot.to(torch.int64), weights)
         rows = (rows.to(torch.float32) * per_row.unsqueeze(-1)).to(x.dtype)

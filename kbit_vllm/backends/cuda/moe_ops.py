@@ -1,4 +1,4 @@
-"""CUDA implementations of the MoE glue ops (routing, gated activation, combine): argument
+"""CUDA implementations of the MoE glue ops (routing, gather, gated activation, combine): argument
 marshalling into the C API (csrc/moe_route.cu, moe_gather.cu, moe_gated_act.cu, moe_combine.cu).
 
 One launch each, on torch's current stream, no host sync, outputs allocated here by torch, so a
@@ -18,6 +18,11 @@ from .cargs import SUFFIX, cint, ptr, stream
 from .library import LIB, check, sm_count
 
 ROUTE_MAX_EXPERTS = 1024  # one thread per local expert in the routing CTA
+# moe_route_gather copies the rows in the routing CTA up to this many bytes of rows; above, moe_gather's
+# grid of CTAs copies them. H200 2026-11-26 session 17, bench_moe_layer (Qwen3-30B-A3B shapes, bf16,
+# rows of 4 KB, top-8), µs per layer fused / two launches: T=1 (32 KB) 48.6 / 51.5, T=2 (64 KB)
+# 59.9 / 58.8.
+ROUTE_GATHER_MAX_BYTES = 32 << 10
 _ACT_CODES = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
 
 
@@ -26,6 +31,26 @@ def moe_route(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: i
     C.check_moe_route(topk_ids, topk_weights, num_experts, expert_map)
     if num_experts > ROUTE_MAX_EXPERTS:
         return ref.moe_route(topk_ids, topk_weights, num_experts, expert_map)
+    return _route(topk_ids, topk_weights, num_experts, expert_map, None)
+
+
+def moe_route_gather(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
+                     expert_map: torch.Tensor | None, x: torch.Tensor):
+    """moe_route, then the rows of x in its order: one launch where the rows are few (decode), else
+    moe_route and moe_gather."""
+    C.check_moe_route_gather(topk_ids, topk_weights, num_experts, expert_map, x)
+    xc = x.contiguous()
+    row_bytes = xc.shape[1] * xc.element_size()
+    if (num_experts > ROUTE_MAX_EXPERTS or row_bytes % 16 or xc.data_ptr() % 16
+            or topk_ids.numel() * row_bytes > ROUTE_GATHER_MAX_BYTES or topk_ids.numel() == 0):
+        routed = moe_route(topk_ids, topk_weights, num_experts, expert_map)
+        return (*routed, moe_gather(x, routed[0]))
+    return _route(topk_ids, topk_weights, num_experts, expert_map, xc)
+
+
+def _route(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, expert_map: torch.Tensor | None,
+           x: torch.Tensor | None):
+    """The routing kernel; with x (contiguous, rows of whole 16-byte chunks) it also gathers the rows."""
     dev = topk_ids.device
     ids = topk_ids.contiguous()
     n = ids.numel()
@@ -35,12 +60,16 @@ def moe_route(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: i
     slot = torch.empty(n, dtype=torch.int32, device=dev)
     offsets = torch.empty(num_experts + 1, dtype=torch.int32, device=dev)
     weights = torch.empty(n, dtype=torch.float32, device=dev)
+    route_args = (ptr(ids), cint(ids.element_size()), ptr(w), ptr(emap), cint(0 if emap is None else emap.numel()),
+                  cint(n), cint(ids.shape[1]), cint(num_experts), ptr(offsets), ptr(src_row), ptr(slot), ptr(weights))
     with torch.cuda.device(dev):
-        check(LIB.kbit_vllm_moe_route(
-            ptr(ids), cint(ids.element_size()), ptr(w), ptr(emap), cint(0 if emap is None else emap.numel()), cint(n),
-            cint(ids.shape[1]), cint(num_experts), ptr(offsets), ptr(src_row), ptr(slot), ptr(weights),
-            stream(dev)), "moe_route")
-    return src_row, slot, offsets, weights
+        if x is None:
+            check(LIB.kbit_vllm_moe_route(*route_args, stream(dev)), "moe_route")
+            return src_row, slot, offsets, weights
+        rows = torch.empty((n, x.shape[1]), dtype=x.dtype, device=dev)
+        check(LIB.kbit_vllm_moe_route_gather(*route_args, ptr(x), ptr(rows), cint(x.shape[1] * x.element_size() // 16),
+                                             cint(x.shape[0]), stream(dev)), "moe_route_gather")
+    return src_row, slot, offsets, weights, rows
 
 
 def moe_gather(x: torch.Tensor, src_row: torch.Tensor) -> torch.Tensor:
