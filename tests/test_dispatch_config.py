@@ -63,13 +63,16 @@ def test_kbit_gemv_rows_by_bits() -> None:
 
 
 def test_kbit_tensor_core_gemv_rows() -> None:
-    """H200: the tensor-core GEMV takes M = 2..8 on the largest layers, fewer rows on smaller ones, never
-    M = 1 (the stream-K GEMV), k = 5, or where the Hopper kernels cannot run (wgmma=False)."""
-    big, mid, small, tiny = 4096 * 28672, 4096 * 6144, 2048 * 5120, 2048 * 512
+    """H200: the tensor-core GEMV takes M = 2..8 on the largest layers, fewer rows on smaller ones (M=2
+    only above 40 M weights), never M = 1 (the stream-K GEMV), k = 5, or where the Hopper kernels
+    cannot run (wgmma=False)."""
+    big, down, mid, small, tiny = 4096 * 28672, 14336 * 4096, 4096 * 6144, 2048 * 5120, 2048 * 512
     assert [dispatch.choose_path(m, (9, 0), big, 4, wgmma=True) for m in (1, 2, 8, 9)] == [
         "gemv", "gemv_tc", "gemv_tc", "mma"]
-    assert [dispatch.choose_path(m, (9, 0), mid, 3, wgmma=True) for m in (2, 4, 5)] == ["gemv_tc", "gemv_tc", "mma"]
-    assert [dispatch.choose_path(m, (9, 0), small, 2, wgmma=True) for m in (2, 3)] == ["gemv_tc", "gemv"]
+    assert [dispatch.choose_path(m, (9, 0), down, 4, wgmma=True) for m in (2, 4, 5)] == ["gemv_tc", "gemv_tc", "mma"]
+    assert [dispatch.choose_path(m, (9, 0), mid, 3, wgmma=True) for m in (2, 3, 4, 5)] == [
+        "gemv", "gemv_tc", "gemv_tc", "mma"]
+    assert [dispatch.choose_path(m, (9, 0), small, 2, wgmma=True) for m in (2, 3)] == ["gemv", "gemv"]
     assert dispatch.choose_path(2, (9, 0), tiny, 4, wgmma=True) == "gemv"
     assert dispatch.choose_path(2, (9, 0), big, 5, wgmma=True) == "gemv"
     assert dispatch.choose_path(2, (9, 0), big, 4, wgmma=False) == "gemv"
