@@ -8,8 +8,10 @@ GEMV columns: "stream-K" (csrc/awq_gemv_sk.cu, M <= 4), "warp" (csrc/awq_gemv.cu
 deterministic one) and "tensor core" (csrc/awq_gemv_tc.cu, Hopper, M <= 8); "op" is awq_linear's
 own choice between them and the other kernels.
 
+--behind-writer times every call behind a kernel without PDL that writes its x (bench_kbit.py's).
+
 Usage (GPU machine, repo root): python benchmarks/bench_awq.py [--json PATH] [--quick] [--ms 1,4]
-    [--dtype bfloat16]
+    [--dtype bfloat16] [--behind-writer]
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_kbit import LLAMA, MS, SEED_DENSE, fmt, make_tinygemm, n_copies, start_run, time_graph  # noqa: E402
+import bench_kbit  # noqa: E402
+from bench_kbit import LLAMA, MS, SEED_DENSE, fmt, make_tinygemm, n_copies, start_run, timed  # noqa: E402
 
 from kbit_vllm import ops  # noqa: E402
 from kbit_vllm.backends.cuda import awq_ops  # noqa: E402
@@ -55,17 +58,17 @@ def bench_shape(name: str, in_f: int, out_f: int, ms: list[int], bw: float, cap:
         tc = ["gemv_tc"] if awq_ops.gemv_tc_ctas(x.device, SUFFIX[dt], m, in_f, out_f) > 0 else []
         for path in (["gemv_sk"] if sk else []) + (["gemv_warp"] if m <= 8 else []) + tc + ["mma", *wg, "dequant"]:
             try:
-                r[path] = time_graph([
+                r[path] = timed([
                     (lambda c=c, p=path, x=x: awq_ops.linear_path(x, c[0], c[1], None, GROUP, out_f, p))
-                    for c in copies])
+                    for c in copies], x)
             except Exception as e:  # report, keep going
                 print(f"# {name} M={m} {path} failed: {e}", file=sys.stderr)
-        r["op"] = time_graph([(lambda c=c, x=x: ops.awq_linear(x, c[0], c[1], None, GROUP, out_f)) for c in copies])
-        r["cublas_fp16"] = time_graph([(lambda wc=wc, x=x: F.linear(x, wc)) for wc in w16])
+        r["op"] = timed([(lambda c=c, x=x: ops.awq_linear(x, c[0], c[1], None, GROUP, out_f)) for c in copies], x)
+        r["cublas_fp16"] = timed([(lambda wc=wc, x=x: F.linear(x, wc)) for wc in w16], x)
         if tiny is not None and m in (1, 8, 16):
             xb = x.to(torch.bfloat16)
-            r["tinygemm_int4"] = time_graph([(lambda q=q, xb=xb: torch._weight_int4pack_mm(xb, q[0], 128, q[1]))
-                                             for q in tiny])
+            r["tinygemm_int4"] = timed([(lambda q=q, xb=xb: torch._weight_int4pack_mm(xb, q[0], 128, q[1]))
+                                        for q in tiny], xb)
         r["floor"] = (ckpt_bytes + 2 * m * (in_f + out_f)) / bw * 1e6
         rows.append(r)
     del copies, w16, tiny
@@ -98,7 +101,10 @@ def main() -> None:
     ap.add_argument("--shapes", default=None, help="comma-separated shape names (default all)")
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"),
                     help="activation dtype (cuBLAS runs in the same dtype)")
+    ap.add_argument("--behind-writer", action="store_true",
+                    help="time every call behind a kernel without PDL that writes x, as in vLLM (bench_kbit.py)")
     args = ap.parse_args()
+    bench_kbit.BEHIND_WRITER = args.behind_writer
     dt = getattr(torch, args.dtype)
     bw, dev = start_run()
     ms = [int(v) for v in args.ms.split(",")] if args.ms else MS
