@@ -95,9 +95,14 @@ def _dense(wq: torch.Tensor, sz: torch.Tensor, group_size: int, out_f: int, dtyp
 # 10.6. Session 12 (one run, every layer, tc / op before): M=3 2048x5120 6.3 / 7.3, 5120x2048 6.2 /
 # 7.7, 2048x4096 5.5 / 6.2, 4096x2048 5.4 / 6.7, 4096x6144 10.1 / 11.0, 4096x4096 7.8 / 8.1; M=4 6.5
 # / 9.1, 6.8 / 9.5, 5.9 / 8.0, 5.9 / 7.9, 10.4 / 10.8, 8.6 / 8.6; M=6 mostly loses (5120x2048 8.6 /
-# 7.2, 4096x6144 11.0 / 10.7); 2048x512 (1 M) loses at M = 2, 3 (3.9 / 3.0).
+# 7.2, 4096x6144 11.0 / 10.7); 2048x512 (1 M) loses at M = 2, 3 (3.9 / 3.0). Session 17, behind a
+# kernel without PDL that writes x (as vLLM runs them; `bench_awq.py --behind-writer`), fp16 g128,
+# gemv_tc / warp GEMV at M=2: 2048x5120 7.8 / 6.9, 5120x2048 7.9 / 6.2, 2048x4096 7.2 / 6.6,
+# 4096x2048 7.4 / 5.5, 4096x4096 9.7 / 9.5, 4096x6144 (25 M) 11.1 / 11.4; M=3 5120x2048 8.6 / 6.9,
+# 4096x2048 7.7 / 6.2; M=4 gemv_tc stays best or within 0.3 (2048x5120 8.6 / 9.7, 4096x4096 10.4 /
+# 12.0). So M = 2..3 take it only above 20 M weights.
 TC_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((100 << 20, 2, 8), (4 << 20, 2, 4)),
+    (9, 0): ((100 << 20, 2, 8), (20 << 20, 2, 4), (4 << 20, 4, 4)),
 }
 
 
@@ -126,7 +131,9 @@ SK_UNIT_INPUTS = 512
 # warp µs: M=1 gateup 24.5/29.5 (9 units per warp), down 14.6/14.3 (4.5), qkv 8.4/8.6 (1.9),
 # o 7.2/5.4 (1.3); M=2 gateup 30.7/36.4, down 17.6/21.3, qkv 9.4/10.4, o 8.3/8.6. Session 3, M=4:
 # gateup 40.6/51.4, down 24.0/33.5, qkv 14.0/15.7 (2.9), o 11.1/11.8 (1.9), 2048x5120 10.0/9.6 (1.2).
-SK_MIN_UNITS: dict[int, float] = {1: 6.0, 2: 1.5, 3: 1.5, 4: 1.5}
+# Session 17, behind a writer of x (fp16, µs stream-K / warp): M=2 4096x4096 (1.9) 11.0 / 9.5,
+# 4096x6144 (2.9) 12.4 / 11.4; M=3 4096x4096 10.8 / 10.0: M = 2..3 take stream-K from 3 units per warp.
+SK_MIN_UNITS: dict[int, float] = {1: 6.0, 2: 3.0, 3: 3.0, 4: 1.5}
 _SK_OCC: dict[tuple[int, int, str], int] = {}
 
 
