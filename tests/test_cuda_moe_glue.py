@@ -36,8 +36,12 @@ def _routing(tokens: int, n_exp: int, top_k: int, gen: torch.Generator) -> tuple
 
 
 @pytest.mark.parametrize("tokens,n_exp,top_k", [(1, 8, 2), (1, 128, 8), (7, 60, 4), (129, 128, 8),
-                                                (300, 512, 6), (2048, 128, 8), (50, 1000, 1)])
+                                                (300, 512, 6), (2048, 128, 8), (50, 1000, 1), (256, 128, 8),
+                                                (257, 128, 8), (5000, 60, 4), (1500, 1000, 2)])
 def test_route_equals_reference(tokens, n_exp, top_k, gen):
+    """Above moe_ops.ROUTE_SPLIT_PAIRS pairs (2048: 256 tokens of top-8 is the last one-CTA case,
+    257 the first split one, with a short last chunk) the routing splits over CTAs of 1024 pairs;
+    the order must not change: still the reference's stable sort."""
     w, ids = _routing(tokens, n_exp, top_k, gen)
     cases = [(ids, w, None), (ids.long(), w.half(), None)]
     bad = ids.clone()
@@ -56,9 +60,11 @@ def test_route_equals_reference(tokens, n_exp, top_k, gen):
             assert torch.equal(g, r), f"case {i} {name}: first mismatch at {int((g != r).nonzero()[0, 0])}"
 
 
-def test_route_graph_replay(gen):
-    """Captured once, replayed under new routing: the offsets live on the device."""
-    tokens, n_exp, top_k = 24, 64, 8
+@pytest.mark.parametrize("tokens", (24, 700))
+def test_route_graph_replay(tokens, gen):
+    """Captured once, replayed under new routing: the offsets live on the device (700 tokens: the
+    split routing, its counts scratch allocated at capture)."""
+    n_exp, top_k = 64, 8
     w, ids = _routing(tokens, n_exp, top_k, gen)
     graph = torch.cuda.CUDAGraph()
     ops.moe_route(ids, w, n_exp)  # warm up outside capture

@@ -100,7 +100,8 @@ KBIT_MOE_API(bf16, __nv_bfloat16)
 namespace moe {
 int route(const void* ids, int ids_bytes, const float* w, const int* emap, int n_global, int n_pairs, int top_k,
           int n_exp, int* offs, int* src_row, int* slot, float* w_out, const void* x, void* rows, int row_chunks,
-          int n_src, cudaStream_t stream);
+          int n_src, int* counts, cudaStream_t stream);
+int route_chunks(int n_pairs);
 template <typename T>
 int gated_act(const void* gu, void* out, long long rows, int inter, int fn, int sms, cudaStream_t stream);
 template <typename T>
@@ -112,11 +113,16 @@ int gather(const void* x, const int* src_row, void* out, int rows, int row_chunk
 extern "C" {
 
 // Routing of one MoE batch (moe_route.cu); ids int32 or int64 (ids_bytes 4 or 8), emap may be null.
+// counts: null (one CTA) or int scratch of kbit_vllm_moe_route_chunks(n_pairs) * n_exp entries (split
+// over that many CTAs, for large batches).
 int kbit_vllm_moe_route(const void* ids, int ids_bytes, const float* w, const int* emap, int n_global, int n_pairs,
-                        int top_k, int n_exp, int* offs, int* src_row, int* slot, float* w_out, void* stream) {
+                        int top_k, int n_exp, int* offs, int* src_row, int* slot, float* w_out, int* counts,
+                        void* stream) {
     return moe::route(ids, ids_bytes, w, emap, n_global, n_pairs, top_k, n_exp, offs, src_row, slot, w_out, nullptr,
-                      nullptr, 0, 0, static_cast<cudaStream_t>(stream));
+                      nullptr, 0, 0, counts, static_cast<cudaStream_t>(stream));
 }
+
+int kbit_vllm_moe_route_chunks(int n_pairs) { return moe::route_chunks(n_pairs); }
 
 // Routing, then the rows of x in routed order by the same CTA (moe_route.cu; small batches):
 // rows[i] = x[src_row[i]], rows of row_chunks 16-byte chunks, x of n_src rows.
@@ -125,7 +131,7 @@ int kbit_vllm_moe_route_gather(const void* ids, int ids_bytes, const float* w, c
                                const void* x, void* rows, int row_chunks, int n_src, void* stream) {
     if (x == nullptr || rows == nullptr) return static_cast<int>(cudaErrorInvalidValue);
     return moe::route(ids, ids_bytes, w, emap, n_global, n_pairs, top_k, n_exp, offs, src_row, slot, w_out, x, rows,
-                      row_chunks, n_src, static_cast<cudaStream_t>(stream));
+                      row_chunks, n_src, nullptr, static_cast<cudaStream_t>(stream));
 }
 
 // Rows of x in routed order (moe_gather.cu): out[i] = x[src_row[i]], rows of row_chunks 16-byte chunks.

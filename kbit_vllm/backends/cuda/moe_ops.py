@@ -18,6 +18,9 @@ from .cargs import SUFFIX, cint, ptr, stream
 from .library import LIB, check, sm_count
 
 ROUTE_MAX_EXPERTS = 1024  # one thread per local expert in the routing CTA
+# Above this many (token, k) pairs the routing splits over CTAs of 1024 pairs each (csrc/moe_route.cu):
+# one CTA took 212 us for the 65536 pairs of an 8192-token top-8 prefill chunk (H200).
+ROUTE_SPLIT_PAIRS = 2048
 # moe_route_gather copies the rows in the routing CTA up to this many bytes of rows; above, moe_gather's
 # grid of CTAs copies them. H200 2026-11-26 session 17, bench_moe_layer (Qwen3-30B-A3B shapes, bf16,
 # rows of 4 KB, top-8), µs per layer fused / two launches: T=1 (32 KB) 48.6 / 51.5, T=2 (64 KB)
@@ -64,7 +67,11 @@ def _route(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
                   cint(n), cint(ids.shape[1]), cint(num_experts), ptr(offsets), ptr(src_row), ptr(slot), ptr(weights))
     with torch.cuda.device(dev):
         if x is None:
-            check(LIB.kbit_vllm_moe_route(*route_args, stream(dev)), "moe_route")
+            counts = None  # per-chunk expert counts of a split routing (every entry written)
+            if n > ROUTE_SPLIT_PAIRS:
+                counts = torch.empty(int(LIB.kbit_vllm_moe_route_chunks(cint(n))) * num_experts, dtype=torch.int32,
+                                     device=dev)
+            check(LIB.kbit_vllm_moe_route(*route_args, ptr(counts), stream(dev)), "moe_route")
             return src_row, slot, offsets, weights
         rows = torch.empty((n, x.shape[1]), dtype=x.dtype, device=dev)
         check(LIB.kbit_vllm_moe_route_gather(*route_args, ptr(x), ptr(rows), cint(x.shape[1] * x.element_size() // 16),
