@@ -362,9 +362,10 @@ def grouped_path(x2: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, offsets: 
     rows, in_f = x2.shape
     n_exp = wq.shape[0]
     suffix = _SUFFIX[x2.dtype]
-    y = torch.empty((rows, out_features), dtype=x2.dtype, device=x2.device) if out is None else out
+    y = (torch.empty((rows, out_features), dtype=x2.dtype, device=x2.device) if out is None and path != "dequant"
+         else out)  # the dequant path's grouped GEMM allocates its output itself
     if rows == 0:
-        return y
+        return y if y is not None else torch.empty((0, out_features), dtype=x2.dtype, device=x2.device)
     slots = min(n_exp, rows)
     stream = ctypes.c_void_p(torch.cuda.current_stream(x2.device).cuda_stream)
     dims = (ctypes.c_int(n_exp), ctypes.c_int(rows), ctypes.c_int(in_f), ctypes.c_int(out_features),
@@ -379,7 +380,7 @@ def grouped_path(x2: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, offsets: 
             w = torch.empty((n_exp, out_features, in_f), dtype=x2.dtype, device=x2.device)
             check(getattr(LIB, f"kbit_vllm_awq_dequant_{suffix}")(
                 _ptr(wq), _ptr(sz), _ptr(w), *dims[2:], ctypes.c_int(n_exp), stream), "awq_grouped_linear (dequant)")
-            return grouped_mm_into(x2, w, offsets, y)
+            return grouped_mm_into(x2, w, offsets, out)
         if path == "wgmma":
             if not wgmma_ok(x2.device, 4):
                 raise ValueError(f"awq_grouped_linear wgmma path needs compute capability 9.0 and a library built "

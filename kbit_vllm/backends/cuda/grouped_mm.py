@@ -24,10 +24,13 @@ def prefers_dequant(rows: int, n_exp: int, dtype: torch.dtype, capability: tuple
             and dispatch.grouped_rows_per_expert(rows, n_exp) > dispatch.GROUPED_DEQUANT_MIN_ROWS)
 
 
-def grouped_mm_into(x2: torch.Tensor, w3: torch.Tensor, offsets: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """y [rows, out] = rows offsets[e]:offsets[e+1] of x2 [rows, in] times w3[e]^T (w3 [E, out, in],
-    bf16). offsets int32 [E + 1] on the device, rising from 0 to rows."""
+def grouped_mm_into(x2: torch.Tensor, w3: torch.Tensor, offsets: torch.Tensor,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """[rows, out] = rows offsets[e]:offsets[e+1] of x2 [rows, in] times w3[e]^T (w3 [E, out, in],
+    bf16). offsets int32 [E + 1] on the device, rising from 0 to rows. torch._grouped_mm has no out=
+    argument: its result is returned as is, and copied only into a given out (tests poison one);
+    at prefill that copy was a second pass over the output (268 MB for 65536 rows of 2048)."""
     if x2.dtype != torch.bfloat16:
         raise ValueError(f"grouped dequant path takes bf16 activations, got {x2.dtype}")
-    y.copy_(torch._grouped_mm(x2, w3.transpose(-2, -1), offs=offsets[1:]))  # (no out= argument)
-    return y
+    y = torch._grouped_mm(x2, w3.transpose(-2, -1), offs=offsets[1:])
+    return y if out is None else out.copy_(y)

@@ -480,6 +480,8 @@ def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
     n_exp = packed_tiled.shape[0]
     dev = x2.device
     sfx = _ACT_FN[x2.dtype]
+    if path == "dequant" and rows > 0:  # torch's grouped GEMM allocates the output itself
+        return _grouped_dequant_mm(x2, packed_tiled, absmax_tiled, codebook, offsets, k, out_features, out)
     y = torch.empty((rows, out_features), dtype=x2.dtype, device=dev) if out is None else out
     if rows == 0:
         return y
@@ -504,8 +506,6 @@ def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
             _i(n_exp), _i(rows), _i(out_features), _i(nb), _i(slots), _i(rgpc), _i(wk), stream),
             "kbit_grouped_linear (gemv)")
         return y
-    if path == "dequant":
-        return _grouped_dequant_mm(x2, packed_tiled, absmax_tiled, codebook, offsets, k, out_features, y)
     if path == "wgmma":
         if not wgmma_ok(dev, k):
             raise ValueError(f"kbit_grouped_linear wgmma path takes k <= 4 on compute capability 9.0 with an sm_90a "
@@ -534,7 +534,7 @@ def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
 
 def _grouped_dequant_mm(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch.Tensor,
                         codebook: torch.Tensor, offsets: torch.Tensor, k: int, out_features: int,
-                        y: torch.Tensor) -> torch.Tensor:
+                        out: torch.Tensor | None) -> torch.Tensor:
     """Prefill-sized grouped linear (bf16): every expert dequantized in one launch (the stacked
     tiled weights are one tiled matrix of E * n_tiles tiles), then torch's grouped GEMM."""
     n_exp, nt = packed_tiled.shape[0], packed_tiled.shape[1]
@@ -546,7 +546,7 @@ def _grouped_dequant_mm(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_til
     w3 = w.view(n_exp, nt * 128, in_f)
     if out_features != nt * 128:
         w3 = w3[:, :out_features].contiguous()
-    return grouped_mm_into(x2, w3, offsets, y)
+    return grouped_mm_into(x2, w3, offsets, out)
 
 
 def device_offsets(expert_offsets: torch.Tensor) -> torch.Tensor:
