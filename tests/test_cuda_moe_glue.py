@@ -112,9 +112,10 @@ def test_combine_equals_reference(tokens, top_k, hidden, dtype, gen):
 
 @pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16, torch.float32))
 @pytest.mark.parametrize("tokens,rows,hidden", [(1, 8, 2048), (33, 66, 2048), (9, 54, 100), (512, 4096, 4096),
-                                                (5, 0, 64)])
+                                                (5, 0, 64), (300, 1027, 72), (40, 1023, 2048)])
 def test_gather_equals_index_select(tokens, rows, hidden, dtype, gen):
-    """Bit for bit (a copy); hidden 100 in 2-byte dtypes is no whole number of 16-byte chunks (fallback)."""
+    """Bit for bit (a copy); hidden 100 in 2-byte dtypes is no whole number of 16-byte chunks (fallback);
+    from 1024 rows a CTA copies four rows (1027: a last CTA of three)."""
     x = torch.randn(tokens, hidden, generator=gen).to(dtype).to(DEV)
     src = torch.randint(0, tokens, (rows,), generator=gen, dtype=torch.int32).to(DEV)
     poison_allocator(64 << 20)

@@ -14,19 +14,35 @@ namespace moe {
 namespace {
 
 constexpr int kGatherThreads = 128;
+// From this many rows a CTA copies kGatherRows rows (four 16-byte loads in flight per thread before
+// any store): H200, rows of 4 KB, µs one / four rows per CTA: 65536 rows 159 / 98, 16384 rows 41 /
+// 22, 2048 rows 5.9 / 3.9, 128 rows 1.5 / 1.8.
+constexpr int kGatherManyRows = 1024;
+constexpr int kGatherRows = 4;
 
-// Grid (rows, chunk blocks); a thread copies one 16-byte chunk of one row. src_row comes from
-// moe_route; clamping keeps a bad index inside x.
+// Grid (rows / R, chunk blocks); a thread copies one 16-byte chunk of each of the CTA's R rows.
+// src_row comes from moe_route; clamping keeps a bad index inside x.
+template <int R>
 __global__ void __launch_bounds__(kGatherThreads) gather_kernel(const uint4* __restrict__ x,
                                                                 const int* __restrict__ src_row,
-                                                                uint4* __restrict__ out, int row_chunks, int n_src) {
+                                                                uint4* __restrict__ out, int rows, int row_chunks,
+                                                                int n_src) {
     kbit::pdl_trigger();
     kbit::pdl_wait();
     const int c = blockIdx.y * kGatherThreads + threadIdx.x;
     if (c >= row_chunks) return;
-    const int r = blockIdx.x;
-    const int s = min(max(src_row[r], 0), n_src - 1);
-    out[static_cast<size_t>(r) * row_chunks + c] = x[static_cast<size_t>(s) * row_chunks + c];
+    const int r0 = blockIdx.x * R;
+    uint4 v[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+        if (r0 + i < rows) {
+            const int s = min(max(src_row[r0 + i], 0), n_src - 1);
+            v[i] = x[static_cast<size_t>(s) * row_chunks + c];
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+        if (r0 + i < rows) out[static_cast<size_t>(r0 + i) * row_chunks + c] = v[i];
 }
 
 }  // namespace
@@ -37,11 +53,13 @@ int gather(const void* x, const int* src_row, void* out, int rows, int row_chunk
         reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(out) % 16 != 0)
         return static_cast<int>(cudaErrorInvalidValue);
     if (rows == 0) return 0;
-    const dim3 grid(rows, (row_chunks + kGatherThreads - 1) / kGatherThreads);
+    const int r = rows >= kGatherManyRows ? kGatherRows : 1;
+    const dim3 grid((rows + r - 1) / r, (row_chunks + kGatherThreads - 1) / kGatherThreads);
     cudaLaunchAttribute attrs[1];
     const cudaLaunchConfig_t cfg = kbit::pdl_config(grid, dim3(kGatherThreads), 0, stream, attrs);
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, gather_kernel, static_cast<const uint4*>(x), src_row,
-                                             static_cast<uint4*>(out), row_chunks, n_src);
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, r == 1 ? gather_kernel<1> : gather_kernel<kGatherRows>,
+                                             static_cast<const uint4*>(x), src_row, static_cast<uint4*>(out), rows,
+                                             row_chunks, n_src);
     if (e != cudaSuccess) return static_cast<int>(e);
     KBIT_RETURN_LAUNCH_STATUS();
 }
