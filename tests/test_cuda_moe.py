@@ -248,15 +248,19 @@ def test_kbit_grouped_graph_replay(rows, deterministic, gen, monkeypatch):
 
 @pytest.mark.parametrize("deterministic", (True, False))
 def test_grouped_dequant_path_dispatch_and_graph_replay(deterministic, gen, monkeypatch):
-    """bf16 with more than dispatch.GROUPED_DEQUANT_MIN_ROWS expected rows per expert: the kbit and
-    awq ops take the dequantize + grouped GEMM path, right, captured and replayed in a CUDA graph;
-    fp16 keeps the grouped MMA (or, on Hopper, the grouped wgmma)."""
+    """bf16 with more than dispatch.GROUPED_DEQUANT_MIN_ROWS expected rows per expert (kbit where its
+    grouped wgmma runs: GROUPED_DEQUANT_MIN_ROWS_WGMMA): the kbit and awq ops take the dequantize +
+    grouped GEMM path, right, captured and replayed in a CUDA graph; fp16 keeps the grouped MMA (or,
+    on Hopper, the grouped wgmma)."""
     from kbit_vllm.backends.cuda import dispatch, grouped_mm
 
     monkeypatch.setenv("KBIT_VLLM_DETERMINISTIC", "1" if deterministic else "0")
-    n_exp, in_f, out_f, k, rows = 16, 1024, 384, 4, 2048
+    n_exp, in_f, out_f, k, rows = 4, 1024, 384, 4, 2048
     assert dispatch.choose_grouped_path(rows, n_exp, (9, 0)) == "mma"
     assert grouped_mm.prefers_dequant(rows, n_exp, torch.bfloat16, (9, 0), out_f)
+    wg_rows = dispatch.GROUPED_DEQUANT_MIN_ROWS_WGMMA
+    assert grouped_mm.prefers_dequant(rows, n_exp, torch.bfloat16, (9, 0), out_f, wg_rows)
+    assert not grouped_mm.prefers_dequant(rows, 16, torch.bfloat16, (9, 0), out_f, wg_rows)
     assert not grouped_mm.prefers_dequant(rows, n_exp, torch.float16, (9, 0), out_f)
     assert not grouped_mm.grouped_mm_ok(torch.bfloat16, (9, 0), 100)  # rows of 200 bytes: not 16-aligned
     pt, at, cb, w64 = _kbit_experts(n_exp, out_f, in_f, k)

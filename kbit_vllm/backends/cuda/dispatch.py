@@ -8,6 +8,7 @@ buffer and calls torch's matmul (cuBLAS).
 
 from __future__ import annotations
 
+import math
 import os
 
 DETERMINISTIC_ENV = "KBIT_VLLM_DETERMINISTIC"
@@ -140,6 +141,14 @@ def wgmma_tile_rows(m: int) -> int:
     return next((r for r in WGMMA_ROW_TILES if m <= r), WGMMA_ROW_TILES[-1])
 
 
+# The grouped wgmma row tile holds the expected rows per expert plus this many square roots of it:
+# top-k routing over many experts gives each about a Poisson share, and an expert past its tile
+# runs a second one. H200 2026-11-26 session 17, bf16 k=4 Qwen3-30B-A3B shapes (128 experts top-8),
+# gate/up µs tile 16 / 32 / 64: 256 tokens (16 rows per expert) 167 / 119 / 134; 512 tokens (32)
+# 273 / 179 / 135. seed 002's 8 experts (every token to all 8, no spread) lose 0.3-0.7 µs at 16-32.
+GROUPED_TILE_HEADROOM_SIGMAS = 2
+
+
 def grouped_wgmma_config(rows: int, n_exp: int, in_f: int, out_f: int, sms: int, bits: int,
                          tile_rows: int | None = None) -> tuple[int, int, int]:
     """(tile_rows, items, splits) of the grouped wgmma kernels (kbit and awq; 256-feature row
@@ -152,7 +161,7 @@ def grouped_wgmma_config(rows: int, n_exp: int, in_f: int, out_f: int, sms: int,
     partials, 25.0 / 31.3."""
     active = max(1, min(n_exp, rows))
     per = grouped_rows_per_expert(rows, n_exp)
-    r = tile_rows or wgmma_tile_rows(per)
+    r = tile_rows or wgmma_tile_rows(per + GROUPED_TILE_HEADROOM_SIGMAS * math.isqrt(per))
     items = (rows + active * (r - 1)) // r
     tiles = active * -(-per // r) * -(-out_f // 256)
     stages = -(-in_f // 64)
@@ -271,6 +280,10 @@ def grouped_sk_rows(rows: int, n_exp: int) -> int:
 # crossover is ~90; seed8 (8 experts 2048x512) already at 64: 44.7 / 24.6. In vLLM, Qwen3-30B-A3B
 # shapes, 2048-token prefill went from 0.39x to 0.96x bf16.
 GROUPED_DEQUANT_MIN_ROWS = 88
+# Against the grouped wgmma kernel (kbit, where it runs) the crossover is far later: session 17, bf16
+# k=4, gate/up µs dequant / wgmma: Qwen3 shapes at 128 rows per expert 615 / 326, 256 684 / 554, 512
+# 965 / 1146; seed 002's 8 experts at 256 24.0 / 16.0, 512 33.4 / 29.0, 1024 49.0 / 55.4.
+GROUPED_DEQUANT_MIN_ROWS_WGMMA = 384
 
 
 def choose_grouped_path(rows: int, n_exp: int, capability: tuple[int, int]) -> str:
