@@ -282,7 +282,8 @@ def grouped_sk_rows(rows: int, n_exp: int) -> int:
 GROUPED_DEQUANT_MIN_ROWS = 88
 # Against the grouped wgmma kernel (kbit, where it runs) the crossover is far later: session 17, bf16
 # k=4, gate/up µs dequant / wgmma: Qwen3 shapes at 128 rows per expert 615 / 326, 256 684 / 554, 512
-# 965 / 1146; seed 002's 8 experts at 256 24.0 / 16.0, 512 33.4 / 29.0, 1024 49.0 / 55.4.
+# 965 / 1146; seed 002's 8 experts at 256 24.0 / 16.0, 512 33.4 / 29.0, 1024 49.0 / 55.4. awq_orin's
+# grouped wgmma alike (g128, Qwen3 shapes): 128 rows 617 / 300, 256 689 / 505, 512 963 / 982.
 GROUPED_DEQUANT_MIN_ROWS_WGMMA = 384
 
 

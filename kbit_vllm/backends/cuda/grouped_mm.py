@@ -19,8 +19,8 @@ def grouped_mm_ok(dtype: torch.dtype, capability: tuple[int, int], out_features:
 def prefers_dequant(rows: int, n_exp: int, dtype: torch.dtype, capability: tuple[int, int],
                     out_features: int, min_rows: int = dispatch.GROUPED_DEQUANT_MIN_ROWS) -> bool:
     """Dequantize + grouped GEMM beats the grouped kernel above min_rows expected rows per expert
-    (GROUPED_DEQUANT_MIN_ROWS against the grouped MMA, GROUPED_DEQUANT_MIN_ROWS_WGMMA against kbit's
-    grouped wgmma), where torch's grouped GEMM takes the call."""
+    (GROUPED_DEQUANT_MIN_ROWS against the grouped MMA, GROUPED_DEQUANT_MIN_ROWS_WGMMA against the
+    grouped wgmma kernels), where torch's grouped GEMM takes the call."""
     return (grouped_mm_ok(dtype, capability, out_features)
             and dispatch.grouped_rows_per_expert(rows, n_exp) > min_rows)
 
