@@ -19,8 +19,9 @@ from .library import LIB, check, sm_count
 
 ROUTE_MAX_EXPERTS = 1024  # one thread per local expert in the routing CTA
 # Above this many (token, k) pairs the routing splits over CTAs of 1024 pairs each (csrc/moe_route.cu):
-# one CTA took 212 us for the 65536 pairs of an 8192-token top-8 prefill chunk (H200).
-ROUTE_SPLIT_PAIRS = 2048
+# one CTA took 212 us for the 65536 pairs of an 8192-token top-8 prefill chunk (H200). Top-8 of 128
+# experts, µs one CTA / split: 1024 pairs 4.8 / 5.8, 1536 6.7 / 6.1, 2048 8.3 / 6.2, 4096 14.8 / 6.3.
+ROUTE_SPLIT_PAIRS = 1024
 # moe_route_gather copies the rows in the routing CTA up to this many bytes of rows; above, moe_gather's
 # grid of CTAs copies them. H200 2026-11-26 session 17, bench_moe_layer (Qwen3-30B-A3B shapes, bf16,
 # rows of 4 KB, top-8), µs per layer fused / two launches: T=1 (32 KB) 48.6 / 51.5, T=2 (64 KB)
