@@ -10,10 +10,10 @@
 // x[8i+2g+1]) of the activation, in half2 FMAs flushed to fp32 once per 32-element block (times
 // the block scale). bf16 x is staged as fp16 times a power of two per (row, block) (bf16_scaled.cuh;
 // the four threads that stage a block share its max by shuffles), and the inverse joins the block
-// scale, so both dtypes run the same half2 loop. x is staged in shared memory in (group, pair) order. The CTA holds `rgpc` row groups x
-// `wk` warps along K; `splits` CTAs of one thread-block cluster (sm_90) split K further and the
-// cluster's rank-0 CTA sums every partial in a fixed order through distributed shared memory
-// (deterministic; no workspace, no atomics).
+// scale, so both dtypes run the same half2 loop. x is staged in shared memory in (group, pair)
+// order. The CTA holds `rgpc` row groups x `wk` warps along K; `splits` CTAs of one thread-block
+// cluster (sm_90) split K further and the cluster's rank-0 CTA sums every partial in a fixed order
+// through distributed shared memory (deterministic; no workspace, no atomics).
 // k = 5 (gemv_shfl_kernel): the codebook lives in lane registers and is read with a shuffle.
 #include "bf16_scaled.cuh"
 #include "kbit_lut.cuh"
