@@ -147,16 +147,18 @@ def test_wgmma_one_cta_rule() -> None:
 
 
 def test_awq_tensor_core_gemv_rules() -> None:
-    """H200: the tensor-core GEMV takes M = 2..8 on layers above 100 M weights and M = 2..4 above
-    4 M, before the wgmma rules; nowhere without the Hopper kernels, at M = 1 or on tiny layers."""
+    """H200: the tensor-core GEMV takes M = 2..8 on layers above 100 M weights, M = 2..4 above 20 M
+    and M = 4 above 4 M, before the wgmma rules; nowhere without the Hopper kernels, at M = 1 or on
+    tiny layers."""
     from kbit_vllm.backends.cuda import awq_ops
 
-    gate_up, down, qkv, kv = 4096 * 28672, 14336 * 4096, 4096 * 6144, 2048 * 512
+    gate_up, down, qkv, small, kv = 4096 * 28672, 14336 * 4096, 4096 * 6144, 2048 * 5120, 2048 * 512
     assert [awq_ops.choose_path(m, (9, 0), True, gate_up) for m in (1, 2, 8, 9)] == [
         "gemv", "gemv_tc", "gemv_tc", "wgmma"]
     for layer in (down, qkv):
         assert [awq_ops.choose_path(m, (9, 0), True, layer) for m in (1, 2, 4, 5)] == [
             "gemv", "gemv_tc", "gemv_tc", "wgmma"]
+    assert [awq_ops.choose_path(m, (9, 0), True, small) for m in (2, 3, 4)] == ["gemv", "gemv", "gemv_tc"]
     assert all(awq_ops.choose_path(m, (9, 0), True, kv) != "gemv_tc" for m in range(1, 65))
     assert all(awq_ops.choose_path(m, (9, 0), False, gate_up) != "gemv_tc" for m in range(1, 9))
     assert all(awq_ops.choose_path(m, (8, 0), True, gate_up) != "gemv_tc" for m in range(1, 9))

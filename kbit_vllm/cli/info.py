@@ -38,12 +38,14 @@ def m_ranges(choose: Callable[[int], str], names: dict[str, str]) -> list[str]:
 
 
 KBIT_NAMES = {"gemv": "GEMV (shared-memory codebook decode, split-K)",
-              "gemv_tc": "Hopper tensor-core GEMV (layers above 100 M weights; dispatch.TC_ROWS)",
+              "gemv_tc": "Hopper tensor-core GEMV (M = 2..8 above 100 M weights, fewer rows on smaller "
+                         "layers; dispatch.TC_ROWS)",
               "mma": "tensor-core MMA (split-K)",
               "wgmma": "Hopper wgmma (layers above 12 M weights; smaller ones dequantize + cuBLAS)",
               "dequant": "dequantize to a buffer + cuBLAS"}
 AWQ_NAMES = {"gemv": "LOP3 GEMV / small batch (stream-K at M<=4 on large layers)",
-             "gemv_tc": "Hopper tensor-core GEMV (M <= 4 on layers above 4 M weights; awq_ops.TC_RULES)",
+             "gemv_tc": "Hopper tensor-core GEMV (M = 2..4 above 20 M weights, M = 4 above 4 M; "
+                        "awq_ops.TC_RULES)",
              "mma": "tensor-core LOP3 MMA (split-K)",
              "wgmma": "Hopper wgmma (on layers above 48 M weights; smaller ones: awq_ops.WGMMA_RULES)",
              "dequant": "dequantize to a buffer + cuBLAS"}
