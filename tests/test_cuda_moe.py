@@ -258,9 +258,8 @@ def test_grouped_dequant_path_dispatch_and_graph_replay(deterministic, gen, monk
     n_exp, in_f, out_f, k, rows = 4, 1024, 384, 4, 2048
     assert dispatch.choose_grouped_path(rows, n_exp, (9, 0)) == "mma"
     assert grouped_mm.prefers_dequant(rows, n_exp, torch.bfloat16, (9, 0), out_f)
-    wg_rows = dispatch.GROUPED_DEQUANT_MIN_ROWS_WGMMA
-    assert grouped_mm.prefers_dequant(rows, n_exp, torch.bfloat16, (9, 0), out_f, wg_rows)
-    assert not grouped_mm.prefers_dequant(rows, 16, torch.bfloat16, (9, 0), out_f, wg_rows)
+    assert grouped_mm.prefers_dequant(rows, n_exp, torch.bfloat16, (9, 0), out_f, wgmma=True)
+    assert not grouped_mm.prefers_dequant(rows, 16, torch.bfloat16, (9, 0), out_f, wgmma=True)  # 128 per expert
     assert not grouped_mm.prefers_dequant(rows, n_exp, torch.float16, (9, 0), out_f)
     assert not grouped_mm.grouped_mm_ok(torch.bfloat16, (9, 0), 100)  # rows of 200 bytes: not 16-aligned
     pt, at, cb, w64 = _kbit_experts(n_exp, out_f, in_f, k)

@@ -420,8 +420,7 @@ def awq_grouped_linear(x, wq, sz, expert_offsets, group_size, out_features):
     wgmma = wgmma_ok(x.device, 4)  # its split-K sums in a fixed order: deterministic mode keeps it
     if not wgmma and grouped_gemv_ok(rows, n_exp, cap[0] * 10 + cap[1]):
         path = "gemv"
-    elif prefers_dequant(rows, n_exp, x2.dtype, cap, out_features,
-                         dispatch.GROUPED_DEQUANT_MIN_ROWS_WGMMA if wgmma else dispatch.GROUPED_DEQUANT_MIN_ROWS):
+    elif prefers_dequant(rows, n_exp, x2.dtype, cap, out_features, wgmma):
         path = "dequant"
     else:
         path = "wgmma" if wgmma else "mma"

@@ -17,10 +17,11 @@ def grouped_mm_ok(dtype: torch.dtype, capability: tuple[int, int], out_features:
 
 
 def prefers_dequant(rows: int, n_exp: int, dtype: torch.dtype, capability: tuple[int, int],
-                    out_features: int, min_rows: int = dispatch.GROUPED_DEQUANT_MIN_ROWS) -> bool:
-    """Dequantize + grouped GEMM beats the grouped kernel above min_rows expected rows per expert
-    (GROUPED_DEQUANT_MIN_ROWS against the grouped MMA, GROUPED_DEQUANT_MIN_ROWS_WGMMA against the
-    grouped wgmma kernels), where torch's grouped GEMM takes the call."""
+                    out_features: int, wgmma: bool = False) -> bool:
+    """Dequantize + grouped GEMM beats the grouped kernel the op would run otherwise (wgmma: the
+    Hopper grouped wgmma, else the grouped MMA) above GROUPED_DEQUANT_MIN_ROWS_WGMMA /
+    GROUPED_DEQUANT_MIN_ROWS expected rows per expert, where torch's grouped GEMM takes the call."""
+    min_rows = dispatch.GROUPED_DEQUANT_MIN_ROWS_WGMMA if wgmma else dispatch.GROUPED_DEQUANT_MIN_ROWS
     return (grouped_mm_ok(dtype, capability, out_features)
             and dispatch.grouped_rows_per_expert(rows, n_exp) > min_rows)
 

@@ -568,8 +568,8 @@ def kbit_grouped_linear(x: torch.Tensor, packed_tiled: torch.Tensor, absmax_tile
     path = dispatch.choose_grouped_path(x2.shape[0], packed_tiled.shape[0], cap)
     if dispatch.grouped_wgmma_rows(x2.shape[0], packed_tiled.shape[0], cap) and wgmma_ok(dev, k):
         path = "wgmma"  # its split-K sums in a fixed order: deterministic mode keeps it
-    min_rows = dispatch.GROUPED_DEQUANT_MIN_ROWS_WGMMA if wgmma_ok(dev, k) else dispatch.GROUPED_DEQUANT_MIN_ROWS
-    if path != "gemv" and prefers_dequant(x2.shape[0], packed_tiled.shape[0], x2.dtype, cap, out_features, min_rows):
+    if path != "gemv" and prefers_dequant(x2.shape[0], packed_tiled.shape[0], x2.dtype, cap, out_features,
+                                          wgmma_ok(dev, k)):
         path = "dequant"
     with torch.cuda.device(dev):
         return grouped_path(x2, packed_tiled.contiguous(), absmax_tiled.contiguous(), codebook.contiguous(),
