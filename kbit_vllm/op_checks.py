@@ -209,17 +209,21 @@ def check_moe_route_gather(topk_ids: torch.Tensor, topk_weights: torch.Tensor, n
     op = "moe_route_gather"
     check_moe_route(topk_ids, topk_weights, num_experts, expert_map, op)
     _same_device(op, topk_ids=topk_ids, x=x)
-    require(x.dim() == 2, op, f"x must be [tokens, hidden], got {list(x.shape)}")
-    _dtype(x, FLOAT_DTYPES, op, "x")
+    _check_token_rows(x, op)
     require(x.shape[0] == topk_ids.shape[0], op,
             f"x has {x.shape[0]} tokens but topk_ids routes {topk_ids.shape[0]} ({list(topk_ids.shape)})")
+
+
+def _check_token_rows(x: torch.Tensor, op: str) -> None:
+    """x of the MoE gather ops: float [tokens, hidden]."""
+    require(x.dim() == 2, op, f"x must be [tokens, hidden], got {list(x.shape)}")
+    _dtype(x, FLOAT_DTYPES, op, "x")
 
 
 def check_moe_gather(x: torch.Tensor, src_row: torch.Tensor) -> None:
     op = "moe_gather"
     _same_device(op, x=x, src_row=src_row)
-    require(x.dim() == 2, op, f"x must be [tokens, hidden], got {list(x.shape)}")
-    _dtype(x, FLOAT_DTYPES, op, "x")
+    _check_token_rows(x, op)
     require(src_row.dim() == 1, op, f"src_row must be 1-D [rows] (moe_route's), got {list(src_row.shape)}")
     _dtype(src_row, torch.int32, op, "src_row")
     require(src_row.shape[0] == 0 or x.shape[0] > 0, op, f"src_row has {src_row.shape[0]} rows but x has no tokens")

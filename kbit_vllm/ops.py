@@ -132,13 +132,18 @@ def _(x, wq, sz, expert_offsets, group_size, out_features):
     return x.new_empty((x.shape[0], out_features))
 
 
-@_fake("moe_route")
-def _(topk_ids, topk_weights, num_experts, expert_map):
-    C.check_moe_route(topk_ids, topk_weights, num_experts, expert_map)
+def _route_outputs(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, ...]:
+    """moe_route's (src_row, slot, expert_offsets, weights), shaped for the fakes."""
     n = topk_ids.numel()
     i32 = dict(dtype=torch.int32, device=topk_ids.device)
     return (torch.empty(n, **i32), torch.empty(n, **i32), torch.empty(num_experts + 1, **i32),
             torch.empty(n, dtype=torch.float32, device=topk_ids.device))
+
+
+@_fake("moe_route")
+def _(topk_ids, topk_weights, num_experts, expert_map):
+    C.check_moe_route(topk_ids, topk_weights, num_experts, expert_map)
+    return _route_outputs(topk_ids, num_experts)
 
 
 @_fake("moe_gather")
@@ -150,10 +155,7 @@ def _(x, src_row):
 @_fake("moe_route_gather")
 def _(topk_ids, topk_weights, num_experts, expert_map, x):
     C.check_moe_route_gather(topk_ids, topk_weights, num_experts, expert_map, x)
-    n = topk_ids.numel()
-    i32 = dict(dtype=torch.int32, device=topk_ids.device)
-    return (torch.empty(n, **i32), torch.empty(n, **i32), torch.empty(num_experts + 1, **i32),
-            torch.empty(n, dtype=torch.float32, device=topk_ids.device), x.new_empty((n, x.shape[1])))
+    return (*_route_outputs(topk_ids, num_experts), x.new_empty((topk_ids.numel(), x.shape[1])))
 
 
 @_fake("moe_gated_act")

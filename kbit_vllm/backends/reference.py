@@ -149,7 +149,7 @@ def moe_gather(x, src_row):
 def moe_route_gather(topk_ids, topk_weights, num_experts, expert_map, x):
     C.check_moe_route_gather(topk_ids, topk_weights, num_experts, expert_map, x)
     routed = moe_route(topk_ids, topk_weights, num_experts, expert_map)
-    return (*routed, x.index_select(0, routed[0]))
+    return (*routed, moe_gather(x, routed[0]))
 
 
 _GATES = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}

@@ -362,10 +362,11 @@ def grouped_path(x2: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, offsets: 
     rows, in_f = x2.shape
     n_exp = wq.shape[0]
     suffix = _SUFFIX[x2.dtype]
-    y = (torch.empty((rows, out_features), dtype=x2.dtype, device=x2.device) if out is None and path != "dequant"
-         else out)  # the dequant path's grouped GEMM allocates its output itself
+    if out is None and not (path == "dequant" and rows > 0):  # torch's grouped GEMM allocates its own output
+        out = torch.empty((rows, out_features), dtype=x2.dtype, device=x2.device)
+    y = out
     if rows == 0:
-        return y if y is not None else torch.empty((0, out_features), dtype=x2.dtype, device=x2.device)
+        return y
     slots = min(n_exp, rows)
     stream = ctypes.c_void_p(torch.cuda.current_stream(x2.device).cuda_stream)
     dims = (ctypes.c_int(n_exp), ctypes.c_int(rows), ctypes.c_int(in_f), ctypes.c_int(out_features),
