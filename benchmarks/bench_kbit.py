@@ -32,6 +32,7 @@ from kbit_vllm.formats import normal_float_codebook
 SEED_DENSE = [("gateup", 2048, 5120), ("down", 5120, 2048), ("Q", 2048, 4096), ("O", 4096, 2048),
               ("KV", 2048, 512)]
 LLAMA = [("l3_qkv", 4096, 6144), ("l3_o", 4096, 4096), ("l3_gateup", 4096, 28672), ("l3_down", 14336, 4096)]
+LM_HEAD = [("l3_head", 4096, 128256)]  # the opt-in quantized lm_head (KbitConfig lm_head=True); --shapes only
 MS = [1, 2, 4, 8, 16, 32, 64, 256, 1024]
 KS = [2, 3, 4, 5]
 ROTATE_BYTES = 256 << 20
@@ -269,8 +270,8 @@ def main() -> None:
     ms = [int(v) for v in args.ms.split(",")] if args.ms else MS
     rows: list[dict] = []
     t0 = time.time()
-    for name, in_f, out_f in SEED_DENSE + LLAMA:
-        if args.shapes and name not in args.shapes.split(","):
+    for name, in_f, out_f in SEED_DENSE + LLAMA + LM_HEAD:
+        if (name not in args.shapes.split(",")) if args.shapes else (name, in_f, out_f) in LM_HEAD:
             continue
         rows += bench_shape(name, in_f, out_f, ks, ms, bw, args.quick, getattr(torch, args.dtype), args.mma_variants)
         print(f"# {name} done at {time.time() - t0:.0f}s", flush=True)

@@ -9,7 +9,7 @@ shapes, random bf16), l3 (Llama-3-8B shapes, random bf16, ~16 GB), q3moe (Qwen3-
 hidden 2048, 128 experts of 768, top-8, vocab 151936, but KBIT_E2E_Q3MOE_LAYERS layers, default 12
 of 48: ~8.1 B parameters, 16 GB bf16 / 5 GB awq, one safetensors shard per layer) or q3moetiny (its
 code path at 2 layers, hidden 256, 8 experts, for a CPU check); config bf16, deq<k> (kbit round trip
-stored as bf16), kbit<k> (online), pre<k> (a kbit folder saved by the HF path; not q3moe*), awq
+stored as bf16), kbit<k> (online; kbit<k>h also quantizes lm_head), pre<k> (a kbit folder saved by the HF path; not q3moe*), awq
 (vLLM's own AWQ; MoE experts on its Marlin MoE kernel on the GPU) or awq_orin (both read one RTN
 int4 g128 AutoAWQ folder of the same random weights). Each engine runs in its own subprocess
 (engine core in-process, so the weight-loading peak can be read) and prints one RESULT JSON line:
@@ -324,8 +324,10 @@ def child(name: str) -> None:
         kw = dict(quantization="kbit")
         path = make_prequantized(model, int(config[3:]))
     elif config.startswith("kbit"):
-        kw = dict(quantization="kbit",
-                  hf_overrides={"quantization_config": {"quant_method": "kbit", "bits": int(config[4:])}})
+        qc: dict = {"quant_method": "kbit", "bits": int(config[4:].removesuffix("h"))}
+        if config.endswith("h"):
+            qc["lm_head"] = True
+        kw = dict(quantization="kbit", hf_overrides={"quantization_config": qc})
         path = make_folder(model, "bf16")
     elif config in ("awq", "awq_orin"):
         kw = dict(quantization=config, dtype="float16")

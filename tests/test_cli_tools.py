@@ -62,6 +62,19 @@ def test_quantize_cli_output_reloads_in_transformers(tmp_path: Path, capsys) -> 
     assert main(["quantize", str(bundled_model()), str(out)]) == 2
 
 
+def test_quantize_cli_lm_head(tmp_path: Path, capsys) -> None:
+    """--lm-head quantizes an untied head (listed in the report); the tied bundled model keeps its own."""
+    from hf_helpers import save_tiny_llama
+
+    src = save_tiny_llama(str(tmp_path / "untied"))
+    assert main(["quantize", src, str(tmp_path / "q"), "--lm-head"]) == 0
+    rep = QuantizeReport.load(tmp_path / "q")
+    assert rep is not None and "lm_head" in [e.name for e in rep.layers] and "lm_head" not in rep.modules_to_not_convert
+    assert json.loads((tmp_path / "q" / "config.json").read_text())["quantization_config"]["lm_head"] is True
+    assert main(["quantize", str(bundled_model()), str(tmp_path / "tied"), "--lm-head"]) == 0
+    assert "lm_head" not in [e.name for e in QuantizeReport.load(tmp_path / "tied").layers]
+
+
 def test_quantize_rejects_non_model_folder(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="config.json"):
         quantize_folder(tmp_path, tmp_path / "out", progress=False)

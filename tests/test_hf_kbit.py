@@ -70,6 +70,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     (dict(bits=2, codebook=[0.0, 1.0]), "needs 4 values"),
     (dict(bits=2, codebook=[-2.0, 0.0, 0.5, 1.0]), "within"),
     (dict(modules_to_not_convert="lm_head"), "list of module names"),
+    (dict(lm_head="yes"), "lm_head must be true or false"),
 ])
 def test_bad_config_raises(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -207,6 +208,41 @@ def test_modules_to_not_convert(base, tmp_path):
     reloaded = AutoModelForCausalLM.from_pretrained(out)
     assert type(reloaded.model.layers[1].self_attn.q_proj) is nn.Linear
     assert torch.equal(logits(reloaded, tokens()), logits(model, tokens()))
+
+
+def test_lm_head_opt_in(base, ref_logits, tmp_path):
+    """lm_head=True quantizes the (untied) output projection; it saves and reloads as kbit."""
+    model = load_kbit(base, bits=4, lm_head=True)
+    assert isinstance(model.lm_head, KbitLinear) and len(kbit_layers(model)) == 2 * 7 + 1
+    ids = tokens()
+    q = logits(model, ids)
+    torch.testing.assert_close(q, logits(dequantized_reference(base, model), ids), rtol=1e-5, atol=1e-5)
+    # the head's error is on top of the decoder's: the logits move away from the lm_head=False model
+    plain = logits(load_kbit(base, bits=4), ids)
+    assert rel(q, plain) > 0.02 and rel(q, ref_logits) < LOGIT_BOUND[4] + 0.1
+    out = str(tmp_path / "head")
+    model.save_pretrained(out)
+    with open(os.path.join(out, "config.json")) as f:
+        qc = json.load(f)["quantization_config"]
+    assert qc["lm_head"] is True and "lm_head" not in qc["modules_to_not_convert"]
+    tensors = load_file(os.path.join(out, "model.safetensors"))
+    assert "lm_head.weight" not in tensors and tensors["lm_head.weight_packed"].shape == (128, 2 * 4)
+    reloaded = AutoModelForCausalLM.from_pretrained(out)
+    assert isinstance(reloaded.lm_head, KbitLinear)
+    assert torch.equal(logits(reloaded, ids), q)
+
+
+def test_lm_head_tied_stays_float(tmp_path, caplog):
+    tied = save_tiny_llama(str(tmp_path / "tied"), tie_word_embeddings=True)
+    with caplog.at_level("WARNING", logger="kbit_vllm"):
+        model = load_kbit(tied, bits=4, lm_head=True)
+    assert type(model.lm_head) is nn.Linear and model.lm_head.weight is model.model.embed_tokens.weight
+    assert "tied to the input embeddings" in caplog.text
+
+
+def test_lm_head_and_skip_list_disagree(base):
+    with pytest.raises(ValueError, match=r"lm_head=True but modules_to_not_convert=\['lm_head'\]"):
+        load_kbit(base, bits=4, lm_head=True, modules_to_not_convert=["lm_head"])
 
 
 def test_in_features_not_multiple_of_32(tmp_path):

@@ -51,6 +51,9 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for k in (2, 4, 5):
         out[f"deq{k}"] = H.save_folder(root / f"deq{k}", cfg, H.kbit_dequantized_state(bf, k))
     out["deq3"] = H.save_folder(root / "deq3", cfg16, H.kbit_dequantized_state(f16, 3))
+    out["deq4_head"] = H.save_folder(root / "deq4_head", cfg, H.kbit_dequantized_state(bf, 4, lm_head=True))
+    out["kbit4_head"] = H.save_folder(root / "kbit4_head", cfg, H.kbit_state(bf, 4, lm_head=True),
+                                      {"quant_method": "kbit", "bits": 4})
     return out
 
 
@@ -66,6 +69,10 @@ RUNS: dict[str, tuple[str, dict]] = {
                                 "enforce_eager": False}),
     "deq5": ("deq5", {"dtype": "bfloat16"}),
     "prequant3": ("kbit3", {"quantization": "kbit", "dtype": "float16"}),
+    "kbit4_head": ("bf16", {"quantization": "kbit", "hf_overrides": kbit_overrides(4, lm_head=True),
+                            "dtype": "bfloat16"}),
+    "deq4_head": ("deq4_head", {"dtype": "bfloat16"}),
+    "prequant4_head": ("kbit4_head", {"quantization": "kbit", "dtype": "bfloat16"}),
     "kbit4_tp2": ("bf16", {"quantization": "kbit", "dtype": "bfloat16", "tensor_parallel_size": 2}),
     "awq_orin": ("awq", {"quantization": "awq_orin", "dtype": "float16"}),
     "awq_builtin": ("awq", {"quantization": "awq", "dtype": "float16"}),
@@ -106,6 +113,22 @@ def test_bits_change_the_model(run) -> None:
 def test_prequantized_equals_online(run) -> None:
     """weight_packed/weight_absmax/codebook written by kbit_quantize load to the same model."""
     for a, b in zip(run("prequant3"), run("kbit3"), strict=True):
+        assert a.ids == b.ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-6)
+
+
+def test_lm_head_opt_in_matches_dequantized(run) -> None:
+    """lm_head=true quantizes vLLM's ParallelLMHead, and it is what moves the logprobs away from
+    the same model with a bf16 head (kbit4: identical decoder layers)."""
+    assert_close(run("kbit4_head"), run("deq4_head"))
+    moved = max(abs(x - y) for ga, gb in zip(run("kbit4_head"), run("kbit4"), strict=True)
+                for x, y in zip(ga.logprobs, gb.logprobs, strict=True))
+    assert moved > LOGPROB_TOL
+
+
+def test_prequantized_lm_head_equals_online(run) -> None:
+    """A folder holding lm_head.weight_packed loads its head quantized without any config flag."""
+    for a, b in zip(run("prequant4_head"), run("kbit4_head"), strict=True):
         assert a.ids == b.ids
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-6)
 

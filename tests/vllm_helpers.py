@@ -114,8 +114,10 @@ def moe_state(kind: str = "mixtral", hidden: int = 128, inter: int = 128, layers
     return cfg, state
 
 
-def is_quantizable(name: str) -> bool:
-    """Decoder linear and expert weights; embeddings, norms, routers and lm_head stay unquantized."""
+def is_quantizable(name: str, lm_head: bool = False) -> bool:
+    """Decoder linear and expert weights (and lm_head if asked); embeddings, norms and routers stay unquantized."""
+    if lm_head and name == "lm_head.weight":
+        return True
     return ".layers." in name and (name.endswith("_proj.weight") or (".experts." in name and name.endswith(".weight")))
 
 
@@ -137,14 +139,15 @@ def save_folder(path: Path, cfg: Any, state: dict[str, torch.Tensor],
     return path
 
 
-def kbit_state(state: dict[str, torch.Tensor], bits: int, with_codebook: bool = True) -> dict[str, torch.Tensor]:
+def kbit_state(state: dict[str, torch.Tensor], bits: int, with_codebook: bool = True,
+               lm_head: bool = False) -> dict[str, torch.Tensor]:
     """Pre-quantized kbit tensors: <layer>.weight_packed int32, <layer>.weight_absmax uint8, <layer>.codebook."""
     from kbit_vllm import normal_float_codebook, ops
 
     cb = normal_float_codebook(bits)
     out: dict[str, torch.Tensor] = {}
     for name, w in state.items():
-        if is_quantizable(name):
+        if is_quantizable(name, lm_head):
             layer = name[: -len(".weight")]
             packed, absmax = ops.kbit_quantize(w, cb, bits)
             out[f"{layer}.weight_packed"] = packed
@@ -156,14 +159,14 @@ def kbit_state(state: dict[str, torch.Tensor], bits: int, with_codebook: bool = 
     return out
 
 
-def kbit_dequantized_state(state: dict[str, torch.Tensor], bits: int) -> dict[str, torch.Tensor]:
+def kbit_dequantized_state(state: dict[str, torch.Tensor], bits: int, lm_head: bool = False) -> dict[str, torch.Tensor]:
     """The same weights after a kbit round trip, stored as plain tensors in the model dtype."""
     from kbit_vllm import normal_float_codebook, ops
 
     cb = normal_float_codebook(bits)
     out = dict(state)
     for name, w in state.items():
-        if is_quantizable(name):
+        if is_quantizable(name, lm_head):
             packed, absmax = ops.kbit_quantize(w, cb, bits)
             out[name] = ops.kbit_dequantize(packed, absmax, cb, bits, w.dtype)
     return out

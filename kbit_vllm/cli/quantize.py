@@ -67,7 +67,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("out", help="output folder (created)")
     p.add_argument("--bits", type=int, default=4, choices=(2, 3, 4, 5), help="bits per weight (default 4)")
     p.add_argument("--modules-to-not-convert", nargs="*", default=None, metavar="NAME",
-                   help="layers kept in float (name suffix or regex, transformers semantics); lm_head always is")
+                   help="layers kept in float (name suffix or regex, transformers semantics); lm_head is unless "
+                        "--lm-head")
+    p.add_argument("--lm-head", action="store_true",
+                   help="quantize lm_head too (an untied one; tied embeddings stay float)")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"),
                    help="dtype of the layers left in float and of the activations (default bfloat16)")
     p.add_argument("--device", default="cpu", help="where to quantize: cpu (default) or cuda")
@@ -94,7 +97,8 @@ def _sqnr_db(w, wq) -> float:
 
 
 def quantize_folder(src: str | Path, out: str | Path, bits: int = 4, modules_to_not_convert: list[str] | None = None,
-                    dtype: str = "bfloat16", device: str = "cpu", progress: bool = True) -> QuantizeReport:
+                    dtype: str = "bfloat16", device: str = "cpu", progress: bool = True,
+                    lm_head: bool = False) -> QuantizeReport:
     """Quantize SRC into OUT and return the report (also written to OUT/kbit_quantize_report.json)."""
     import torch
     from safetensors import safe_open
@@ -110,7 +114,7 @@ def quantize_folder(src: str | Path, out: str | Path, bits: int = 4, modules_to_
         raise FileNotFoundError(f"{src} holds no .safetensors weights")
     t0 = time.time()
     torch_dtype = getattr(torch, dtype)
-    qc = KbitConfig(bits=bits, modules_to_not_convert=modules_to_not_convert)
+    qc = KbitConfig(bits=bits, modules_to_not_convert=modules_to_not_convert, lm_head=lm_head)
     print(f"quantizing {src} to kbit k={bits} ({dtype} elsewhere) on {device}", flush=True)
     model = AutoModelForCausalLM.from_pretrained(str(src), quantization_config=qc, dtype=torch_dtype,
                                                  device_map=device)
@@ -199,7 +203,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {out} already holds a checkpoint (pass --force to overwrite)", file=sys.stderr)
         return 2
     try:
-        report = quantize_folder(args.src, out, args.bits, args.modules_to_not_convert, args.dtype, args.device)
+        report = quantize_folder(args.src, out, args.bits, args.modules_to_not_convert, args.dtype, args.device,
+                                 lm_head=args.lm_head)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -166,6 +166,11 @@ class _KbitLinearBase(LinearMethodBase):
         _set_param(layer, "codebook", codebook.to(device=packed_t.device, dtype=torch.float32).contiguous())
         layer.kbit_out_features = out_f
 
+    def tie_weights(self, layer: torch.nn.Module, embed_tokens: torch.nn.Module) -> torch.nn.Module:
+        """A quantized lm_head cannot share the embedding tensor; the config keeps tied heads float."""
+        raise ValueError(f"kbit: layer {self.prefix} is tied to the input embeddings and cannot be quantized; "
+                         "drop lm_head from the kbit quantization_config (tied heads stay unquantized)")
+
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if bias is not None and bias.dtype != x.dtype:
             bias = bias.to(x.dtype)

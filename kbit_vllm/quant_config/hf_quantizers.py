@@ -123,6 +123,28 @@ def _resolved_skips(quantizer: HfQuantizer, model: nn.Module, requested: list[st
     return sorted(set(skip))
 
 
+def _quantized_lm_head(model: nn.Module, requested: list[str] | None) -> str | None:
+    """The output projection's name when KbitConfig(lm_head=True) may quantize it, else None.
+
+    A head tied to the input embeddings stays float (one tensor serves both, and the embedding
+    lookup needs it whole); listing it in modules_to_not_convert as well is a contradiction.
+    """
+    head = model.get_output_embeddings()
+    if not isinstance(head, nn.Linear):
+        logger.warning("kbit: lm_head=True but the model's output embeddings are %s, not a Linear; kept as is",
+                       type(head).__name__)
+        return None
+    name = next(n for n, m in model.named_modules() if m is head)
+    if requested and not should_convert_module(name, requested):
+        raise ValueError(f"KbitConfig: lm_head=True but modules_to_not_convert={requested} keeps '{name}' in float")
+    tied = {k.removesuffix(".weight") for kv in getattr(model, "all_tied_weights_keys", {}).items() for k in kv}
+    text_cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if name in tied or getattr(text_cfg, "tie_word_embeddings", False):
+        logger.warning("kbit: lm_head=True, but '%s' is tied to the input embeddings; it stays in float", name)
+        return None
+    return name
+
+
 def _awq_scales_dtype(index: dict[str, tuple[str, list[int], str]]) -> torch.dtype:
     """The checkpoint's scales dtype, so scales load and save unchanged; fp32 (lossless) if unknown or mixed."""
     found = {_ST_DTYPES.get(dt) for name, (dt, _, _) in index.items() if name.endswith(".scales")}
@@ -421,6 +443,9 @@ class KbitHfQuantizer(_WeightOnlyQuantizer):
     def _process_model_before_weight_loading(self, model: nn.Module, **kwargs: Any) -> None:
         qc = self.quantization_config
         skip = _resolved_skips(self, model, qc.modules_to_not_convert)
+        head = _quantized_lm_head(model, qc.modules_to_not_convert) if qc.lm_head else None
+        if head is not None:  # transformers' default skips name it (output embeddings, last module)
+            skip = [s for s in skip if s != head]
         qc.modules_to_not_convert = skip
         dtype = self.dtype or model.dtype
         targets = _linears_to_convert(model, skip)

@@ -4,10 +4,11 @@ Parameters come from the checkpoint's config.json `quantization_config` or, for 
 bf16 checkpoints, from `hf_overrides={"quantization_config": {"quant_method": "kbit", ...}}`
 (CLI `--hf-overrides`); with neither, `quantization="kbit"` uses the defaults (4 bits, the
 normal-float codebook). Keys: bits, codebook (optional list of 2^bits floats),
-modules_to_not_convert (substrings of module names kept unquantized).
+modules_to_not_convert (substrings of module names kept unquantized), lm_head (also quantize the
+output projection; off by default, and a head tied to the input embeddings stays float).
 
-A folder whose safetensors hold `<layer>.weight_packed` is loaded as pre-quantized; any other
-folder is quantized while it loads.
+A folder whose safetensors hold `<layer>.weight_packed` is loaded as pre-quantized (its lm_head
+too when it holds `lm_head.weight_packed`); any other folder is quantized while it loads.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ import os
 from typing import Any
 
 import torch
+from vllm.logger import init_logger
 from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 
 from ..formats import check_bits, check_codebook, normal_float_codebook
 from .vllm_common import ConfigCommon, is_moe_router
@@ -27,6 +30,9 @@ from .vllm_common import ConfigCommon, is_moe_router
 PACKED_SUFFIX = ".weight_packed"
 ABSMAX_SUFFIX = ".weight_absmax"
 CODEBOOK_SUFFIX = ".codebook"
+LM_HEAD = "lm_head"
+
+logger = init_logger(__name__)
 
 
 def resolve_codebook(bits: int, codebook: list[float] | None) -> torch.Tensor:
@@ -59,6 +65,14 @@ def checkpoint_tensor_names(model: str, revision: str | None = None) -> list[str
         return None
 
 
+def _tied_embeddings(hf_config: Any) -> bool:
+    """Whether the (text) model's lm_head shares the input embedding tensor."""
+    if hf_config is None:
+        return False
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    return bool(getattr(text, "tie_word_embeddings", False))
+
+
 def is_moe_layer(layer: torch.nn.Module) -> bool:
     """RoutedExperts (0.28+/0.33) or FusedMoE (0.25.1, where FusedMoE is a real class there)."""
     try:
@@ -72,8 +86,11 @@ class KbitConfig(ConfigCommon, QuantizationConfig):
     """Config for kbit; picklable (plain Python fields) so it travels to engine core and workers."""
 
     def __init__(self, bits: int = 4, codebook: list[float] | None = None,
-                 modules_to_not_convert: list[str] | None = None, prequantized: bool | None = None) -> None:
+                 modules_to_not_convert: list[str] | None = None, prequantized: bool | None = None,
+                 lm_head: bool = False) -> None:
         super().__init__()
+        if not isinstance(lm_head, bool):
+            raise ValueError(f"kbit config: lm_head must be true or false, got {lm_head!r}")
         check_bits(bits, "kbit config")
         self.bits = bits
         self.codebook = [float(v) for v in codebook] if codebook is not None else None
@@ -83,10 +100,14 @@ class KbitConfig(ConfigCommon, QuantizationConfig):
         # None: decided by maybe_update_config from the checkpoint's tensor names.
         self.prequantized = prequantized
         self.unquantized_in_checkpoint: list[str] = []
+        # Online: as configured, until maybe_update_config sees tied embeddings. Pre-quantized:
+        # whether the checkpoint stores lm_head packed, whatever the config says.
+        self.lm_head = lm_head
 
     def __repr__(self) -> str:
         return (f"KbitConfig(bits={self.bits}, codebook={'custom' if self.codebook else 'normal-float'}, "
-                f"modules_to_not_convert={self.modules_to_not_convert}, prequantized={self.prequantized})")
+                f"modules_to_not_convert={self.modules_to_not_convert}, prequantized={self.prequantized}, "
+                f"lm_head={self.lm_head})")
 
     @classmethod
     def get_name(cls) -> str:
@@ -107,7 +128,8 @@ class KbitConfig(ConfigCommon, QuantizationConfig):
         return cls(bits=bits,
                    codebook=cls.get_from_keys_or(config, ["codebook"], None),
                    modules_to_not_convert=cls.get_from_keys_or(config, ["modules_to_not_convert"], None),
-                   prequantized=cls.get_from_keys_or(config, ["prequantized"], None))
+                   prequantized=cls.get_from_keys_or(config, ["prequantized"], None),
+                   lm_head=cls.get_from_keys_or(config, ["lm_head"], False))
 
     @classmethod
     def from_config_dict_json(cls, s: str) -> KbitConfig:
@@ -120,10 +142,20 @@ class KbitConfig(ConfigCommon, QuantizationConfig):
             self.prequantized = bool(names) and any(n.endswith(PACKED_SUFFIX) for n in names)
         if self.prequantized and names:
             self.note_unquantized_layers(names, PACKED_SUFFIX)
+            self.lm_head = any(n.endswith(LM_HEAD + PACKED_SUFFIX) for n in names)
+        elif self.lm_head and _tied_embeddings(hf_config):
+            logger.warning("kbit: lm_head=true, but this model ties lm_head to the input embeddings; "
+                           "lm_head stays unquantized")
+            self.lm_head = False
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase | None:
         from ..layers.vllm_linear import KbitLinearMethod, KbitOnlineLinearMethod
 
+        if isinstance(layer, ParallelLMHead):  # before LinearBase: vLLM's lm_head is an embedding
+            if not self.lm_head or self.is_skipped(prefix):
+                return None
+            cls = KbitLinearMethod if self.prequantized else KbitOnlineLinearMethod
+            return cls(self.bits, self.codebook, prefix, None)
         if isinstance(layer, LinearBase):
             if self.is_skipped(prefix) or (not self.prequantized and is_moe_router(prefix)):
                 return UnquantizedLinearMethod()
