@@ -9,10 +9,11 @@ shapes, random bf16), l3 (Llama-3-8B shapes, random bf16, ~16 GB), q3moe (Qwen3-
 hidden 2048, 128 experts of 768, top-8, vocab 151936, but KBIT_E2E_Q3MOE_LAYERS layers, default 12
 of 48: ~8.1 B parameters, 16 GB bf16 / 5 GB awq, one safetensors shard per layer) or q3moetiny (its
 code path at 2 layers, hidden 256, 8 experts, for a CPU check); config bf16, deq<k> (kbit round trip
-stored as bf16), kbit<k> (online; kbit<k>h also quantizes lm_head), pre<k> (a kbit folder saved by the HF path; not q3moe*), awq
-(vLLM's own AWQ; MoE experts on its Marlin MoE kernel on the GPU) or awq_orin (both read one RTN
-int4 g128 AutoAWQ folder of the same random weights). Each engine runs in its own subprocess
-(engine core in-process, so the weight-loading peak can be read) and prints one RESULT JSON line:
+stored as bf16), kbit<k> (online; kbit<k>h also quantizes lm_head), pre<k> (a kbit folder saved by
+the HF path; not q3moe*), awq (vLLM's own AWQ; MoE experts on its Marlin MoE kernel on the GPU)
+or awq_orin (both read one RTN int4 g128 AutoAWQ folder of the same random weights). Each engine
+runs in its own subprocess (engine core in-process, so the weight-loading peak can be read) and
+prints one RESULT JSON line:
 layers, folder build and engine init seconds, compile and cudagraph modes, weight memory and the
 peak while loading, then greedy outputs with logprobs (tiny*), decode tokens/s at batch 1 and 16
 (bench), or decode tokens/s at batch 1, 16, 64 and prefill tokens/s on 2048-token prompts (l3,
