@@ -21,15 +21,17 @@ import vllm_helpers as H  # noqa: E402
 LOGPROB_TOL = 0.05
 
 
-@pytest.mark.parametrize("bits", [3])
-def test_hf_saved_folder_served_by_vllm(tmp_path: Path, bits: int) -> None:
+@pytest.mark.parametrize(("bits", "lm_head"), [(3, False), (4, True)])
+def test_hf_saved_folder_served_by_vllm(tmp_path: Path, bits: int, lm_head: bool) -> None:
+    """lm_head=True: the saved lm_head.weight_packed makes vLLM quantize its ParallelLMHead too
+    (an unquantized head would have no parameter to load it into)."""
     from transformers import AutoModelForCausalLM
 
     from kbit_vllm import KbitConfig
 
     cfg, state = H.llama_state(dtype=torch.bfloat16, seed=3)
     src = H.save_folder(tmp_path / "src", cfg, state)
-    model = AutoModelForCausalLM.from_pretrained(str(src), quantization_config=KbitConfig(bits=bits),
+    model = AutoModelForCausalLM.from_pretrained(str(src), quantization_config=KbitConfig(bits=bits, lm_head=lm_head),
                                                  dtype=torch.bfloat16)
     saved = tmp_path / "kbit_hf"
     model.save_pretrained(str(saved))
