@@ -426,3 +426,20 @@ def test_gemv_tc_graph_replay(m, dtype):
 def test_wgmma_graph_replay(m, dtype):
     """The wgmma kernel, forced, under CUDA-graph replays (_forced_path_graph_replay)."""
     _forced_path_graph_replay("wgmma", m, dtype)
+
+
+@pytest.mark.parametrize("m", (1, 2, 64))
+def test_linear_weights_at_unaligned_offset(m):
+    """Weights that are views at a 4-byte (not 16-byte) offset give the aligned tensors' output:
+    the kernels' vector loads, bulk copies and L2 prefetches never see the odd address."""
+    packed, absmax, cb = _weights(512, 1024, 4)
+    pt, at = ops.kbit_repack(packed, absmax, 4)
+    pbuf = torch.empty(pt.numel() + 1, dtype=pt.dtype, device=DEV)
+    abuf = torch.empty(at.numel() + 4, dtype=at.dtype, device=DEV)
+    pt_odd = pbuf[1:].view(pt.shape).copy_(pt)
+    at_odd = abuf[4:].view(at.shape).copy_(at)
+    assert pt_odd.data_ptr() % 16 and at_odd.data_ptr() % 16
+    x = torch.randn(m, 1024, device=DEV, dtype=torch.bfloat16)
+    want = ops.kbit_linear(x, pt, at, cb, None, 4, 512)
+    got = ops.kbit_linear(x, pt_odd, at_odd, cb, None, 4, 512)
+    assert_close_max_norm(got, want, 1e-3, "unaligned weights")  # stream-K / MMA add partials in any order

@@ -391,9 +391,16 @@ def kbit_linear(x: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch
     if path == "gemv_tc" and gemv_tc_ctas(dev, _ACT_FN[x2.dtype], k, x2.shape[0], out_features, x2.shape[1] // 32) == 0:
         path = dispatch.choose_path(x2.shape[0], cc, x2.shape[1] * out_features, k, False)  # too few units
     with torch.cuda.device(dev):
-        y = linear_path(x2, packed_tiled.contiguous(), absmax_tiled.contiguous(), codebook.contiguous(),
+        y = linear_path(x2, _aligned16(packed_tiled), _aligned16(absmax_tiled), codebook.contiguous(),
                         None if bias is None else bias.contiguous(), k, out_features, path)
     return y.reshape(*lead, out_features)
+
+
+def _aligned16(t: torch.Tensor) -> torch.Tensor:
+    """t contiguous at a 16-byte-aligned address: the kernels read weights in 16-byte vectors and
+    bulk copies / L2 prefetches (a view at an odd offset is copied, never read misaligned)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
 # --- MoE: kbit_grouped_linear ------------------------------------------------------------------
