@@ -27,7 +27,7 @@ from .cargs import SUFFIX
 from .cargs import ptr as _ptr
 from .grouped_mm import grouped_mm_into, prefers_dequant
 from .library import LIB, check, kernels_usable, sm_count
-from .ops import wgmma_ok, wgmma_tile_rows
+from .ops import aligned16, wgmma_ok, wgmma_tile_rows
 from .scratch import scratch
 
 # (largest M for the GEMV kernel, largest M for the MMA kernel) per compute capability, from
@@ -291,8 +291,7 @@ def awq_linear(x, wq, sz, bias, group_size, out_features):
     if not _kernel_ok(x, x.dtype):
         return F.linear(x, _dense(wq, sz, group_size, out_features, x.dtype), bias)
     x2 = x.reshape(-1, in_f)
-    if x2.data_ptr() % 16 or not x2.is_contiguous():
-        x2 = x2.contiguous().clone()
+    x2 = aligned16(x2)
     wgmma = not dispatch.deterministic() and wgmma_ok(x.device, 4)
     path = choose_path(x2.shape[0], torch.cuda.get_device_capability(x.device), wgmma, in_f * out_features)
     y = linear_path(x2, wq, sz, bias.contiguous() if bias is not None else None, group_size, out_features, path)
@@ -413,9 +412,7 @@ def awq_grouped_linear(x, wq, sz, expert_offsets, group_size, out_features):
               f"{wq.dtype} {list(wq.shape)}")
     if not _kernel_ok(x, x.dtype):  # fp32, or a GPU the library does not serve: per-expert loop (host reads offsets)
         return ref.awq_grouped_linear(x, wq, sz, expert_offsets, group_size, out_features, awq_linear)
-    x2 = x.contiguous()
-    if x2.data_ptr() % 16:
-        x2 = x2.clone()
+    x2 = aligned16(x)
     rows, n_exp = x2.shape[0], wq.shape[0]
     cap = torch.cuda.get_device_capability(x.device)
     wgmma = wgmma_ok(x.device, 4)  # its split-K sums in a fixed order: deterministic mode keeps it

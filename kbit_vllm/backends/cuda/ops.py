@@ -382,8 +382,7 @@ def kbit_linear(x: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch
         return ref.kbit_linear(x, packed_tiled, absmax_tiled, codebook, bias, k, out_features)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
-    if not x2.is_contiguous() or x2.data_ptr() % 16:
-        x2 = x2.contiguous() if not x2.is_contiguous() else x2.clone()
+    x2 = aligned16(x2)
     dev = x.device
     wgmma = not dispatch.deterministic() and wgmma_ok(dev, k)
     cc = torch.cuda.get_device_capability(dev)
@@ -391,14 +390,14 @@ def kbit_linear(x: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch
     if path == "gemv_tc" and gemv_tc_ctas(dev, _ACT_FN[x2.dtype], k, x2.shape[0], out_features, x2.shape[1] // 32) == 0:
         path = dispatch.choose_path(x2.shape[0], cc, x2.shape[1] * out_features, k, False)  # too few units
     with torch.cuda.device(dev):
-        y = linear_path(x2, _aligned16(packed_tiled), _aligned16(absmax_tiled), codebook.contiguous(),
+        y = linear_path(x2, aligned16(packed_tiled), aligned16(absmax_tiled), codebook.contiguous(),
                         None if bias is None else bias.contiguous(), k, out_features, path)
     return y.reshape(*lead, out_features)
 
 
-def _aligned16(t: torch.Tensor) -> torch.Tensor:
-    """t contiguous at a 16-byte-aligned address: the kernels read weights in 16-byte vectors and
-    bulk copies / L2 prefetches (a view at an odd offset is copied, never read misaligned)."""
+def aligned16(t: torch.Tensor) -> torch.Tensor:
+    """t contiguous at a 16-byte-aligned address: the kernels read x and the weights in 16-byte
+    vectors, bulk copies and L2 prefetches (a view at an odd offset is copied, never read misaligned)."""
     t = t.contiguous()
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
@@ -567,9 +566,7 @@ def kbit_grouped_linear(x: torch.Tensor, packed_tiled: torch.Tensor, absmax_tile
     C.check_grouped(x, packed_tiled, absmax_tiled, codebook, expert_offsets, k, out_features)
     if x.dtype not in _ACT_FN:  # fp32 is no serving dtype: the reference (reads the offsets on the host)
         return ref.kbit_grouped_linear(x, packed_tiled, absmax_tiled, codebook, expert_offsets, k, out_features)
-    x2 = x.contiguous()
-    if x2.data_ptr() % 16:
-        x2 = x2.clone()
+    x2 = aligned16(x)
     dev = x.device
     cap = torch.cuda.get_device_capability(dev)
     path = dispatch.choose_grouped_path(x2.shape[0], packed_tiled.shape[0], cap)
