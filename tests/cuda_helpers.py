@@ -40,6 +40,16 @@ def assert_close_max_norm(y: torch.Tensor, want: torch.Tensor, tol: float, what:
 _Out = TypeVar("_Out")
 
 
+def at_odd_offset(t: torch.Tensor) -> torch.Tensor:
+    """A copy of t that is a view 4 bytes past a 16-byte boundary (as a slice of a larger weight
+    can be): what the ops must not hand to kernels that read 16-byte vectors."""
+    pad = max(1, 4 // t.element_size())
+    buf = torch.empty(t.numel() + pad, dtype=t.dtype, device=t.device)
+    odd = buf[pad:].view(t.shape).copy_(t)
+    assert odd.data_ptr() % 16, "the copy must sit at an address that is no multiple of 16"
+    return odd
+
+
 def captured(call: Callable[[], _Out], warmups: int = 1) -> tuple[torch.CUDAGraph, _Out]:
     """(graph, its output) of call captured once, after warmups calls on a side stream (the lazy
     set-up an op does on its first calls, such as occupancy queries and scratch buffers, stays out

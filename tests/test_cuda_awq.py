@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cuda_helpers import captured, max_norm_rel_err, poison_allocator
+from cuda_helpers import at_odd_offset, captured, max_norm_rel_err, poison_allocator
 
 import kbit_vllm
 from kbit_vllm import ops
@@ -86,6 +86,19 @@ def test_awq_cuda_graph_replay(m: int) -> None:
 SK_SHAPES = ((384, 264), (1152, 1000), (2720, 64), (4096, 4096), (14336, 512))
 BIG = (4096, 12288)  # enough units per warp of a wave for the auto "gemv" path to take stream-K
 _SFX = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+@pytest.mark.parametrize("m", (1, 3, 64))
+def test_awq_linear_weights_at_unaligned_offset(m: int) -> None:
+    """Weights that are views at a 4-byte (not 16-byte) offset give the reference's output: the op
+    copies them before any kernel's 16-byte loads."""
+    dtype = torch.bfloat16
+    qw, qz, s = quantize_awq_rtn(torch.randn(512, 1024, device="cuda"), 128, scale_dtype=dtype)
+    wq, sz = ops.awq_repack(qw, qz, s, 128, dtype)
+    x = torch.randn(m, 1024, device="cuda", dtype=dtype)
+    y = ops.awq_linear(x, at_odd_offset(wq), at_odd_offset(sz), None, 128, 512)
+    err = max_norm_rel_err(y, x.double() @ _w64(qw, qz, s, 128).t())
+    assert err < TOL[dtype], f"M={m}: rel err {err:.2e}"
 
 
 def _awq_layer(out_f: int, in_f: int, gs: int, dtype: torch.dtype):

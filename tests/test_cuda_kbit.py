@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cuda_helpers import assert_close_max_norm, captured, cuda_kernels_ok, poison_allocator
+from cuda_helpers import assert_close_max_norm, at_odd_offset, captured, cuda_kernels_ok, poison_allocator
 
 from kbit_vllm import ops
 from kbit_vllm.backends import reference as ref
@@ -434,11 +434,7 @@ def test_linear_weights_at_unaligned_offset(m):
     the kernels' vector loads, bulk copies and L2 prefetches never see the odd address."""
     packed, absmax, cb = _weights(512, 1024, 4)
     pt, at = ops.kbit_repack(packed, absmax, 4)
-    pbuf = torch.empty(pt.numel() + 1, dtype=pt.dtype, device=DEV)
-    abuf = torch.empty(at.numel() + 4, dtype=at.dtype, device=DEV)
-    pt_odd = pbuf[1:].view(pt.shape).copy_(pt)
-    at_odd = abuf[4:].view(at.shape).copy_(at)
-    assert pt_odd.data_ptr() % 16 and at_odd.data_ptr() % 16
+    pt_odd, at_odd = at_odd_offset(pt), at_odd_offset(at)
     x = torch.randn(m, 1024, device=DEV, dtype=torch.bfloat16)
     want = ops.kbit_linear(x, pt, at, cb, None, 4, 512)
     got = ops.kbit_linear(x, pt_odd, at_odd, cb, None, 4, 512)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cuda_helpers import captured, cuda_kernels_ok
+from cuda_helpers import at_odd_offset, captured, cuda_kernels_ok
 
 from kbit_vllm import ops
 from kbit_vllm.formats import dequantize_kbit, normal_float_codebook, quantize_awq_rtn, unpack_awq
@@ -210,6 +210,24 @@ def test_awq_grouped_all_paths(gs, dtype, in_f, out_f, n_exp, gen):
             _check(y, want, AWQ_TOL[dtype], f"rows={rows} {path} bm={bm} offsets={offs.tolist()}")
         y = ops.awq_grouped_linear(x, wq, sz, offs, gs, out_f)
         _check(y, want, AWQ_TOL[dtype], f"rows={rows} op")
+
+
+@pytest.mark.parametrize("rows", (1, 8, 200))
+def test_grouped_weights_at_unaligned_offset(rows, gen):
+    """Stacked expert weights that are views at a 4-byte (not 16-byte) offset: both grouped ops
+    copy them before any kernel's 16-byte loads and match the float64 reference."""
+    dtype = torch.bfloat16
+    pt, at, cb, w64 = _kbit_experts(6, 200, 96, 4)
+    wq, sz, a64 = _awq_experts(5, 264, 256, 64, dtype)
+    for n_exp, run, ref64, tol, what in (
+        (6, lambda x, o: ops.kbit_grouped_linear(x, at_odd_offset(pt), at_odd_offset(at), cb, o, 4, 200), w64,
+         KBIT_TOL[dtype], "kbit"),
+        (5, lambda x, o: ops.awq_grouped_linear(x, at_odd_offset(wq), at_odd_offset(sz), o, 64, 264), a64,
+         AWQ_TOL[dtype], "awq"),
+    ):
+        offs = _offsets(n_exp, rows, gen)
+        x = torch.randn(rows, ref64.shape[2], device=DEV, dtype=dtype)
+        _check(run(x, offs), _reference(x, ref64, offs), tol, f"{what} rows={rows} unaligned weights")
 
 
 def _graph_check(run, x: torch.Tensor, offs: torch.Tensor, n_exp: int, gen: torch.Generator,

@@ -294,7 +294,8 @@ def awq_linear(x, wq, sz, bias, group_size, out_features):
     x2 = aligned16(x2)
     wgmma = not dispatch.deterministic() and wgmma_ok(x.device, 4)
     path = choose_path(x2.shape[0], torch.cuda.get_device_capability(x.device), wgmma, in_f * out_features)
-    y = linear_path(x2, wq, sz, bias.contiguous() if bias is not None else None, group_size, out_features, path)
+    y = linear_path(x2, aligned16(wq), aligned16(sz), bias.contiguous() if bias is not None else None, group_size,
+                    out_features, path)
     return y.reshape(*x.shape[:-1], out_features)
 
 
@@ -422,5 +423,5 @@ def awq_grouped_linear(x, wq, sz, expert_offsets, group_size, out_features):
         path = "dequant"
     else:
         path = "wgmma" if wgmma else "mma"
-    return grouped_path(x2, wq.contiguous(), sz.contiguous(), expert_offsets.to(torch.int32).contiguous(),
+    return grouped_path(x2, aligned16(wq), aligned16(sz), expert_offsets.to(torch.int32).contiguous(),
                         group_size, out_features, path)

@@ -576,5 +576,5 @@ def kbit_grouped_linear(x: torch.Tensor, packed_tiled: torch.Tensor, absmax_tile
                                           wgmma_ok(dev, k)):
         path = "dequant"
     with torch.cuda.device(dev):
-        return grouped_path(x2, packed_tiled.contiguous(), absmax_tiled.contiguous(), codebook.contiguous(),
+        return grouped_path(x2, aligned16(packed_tiled), aligned16(absmax_tiled), codebook.contiguous(),
                             device_offsets(expert_offsets), k, out_features, path)
