@@ -48,6 +48,21 @@ def test_kbit_config_parsing() -> None:
         KbitConfig(bits=2, codebook=[-1.0, 0.0, 1.0])
 
 
+def test_kbit_lm_head_on_tied_embeddings_stays_float(tmp_path: Path) -> None:
+    """lm_head=true on a float folder: quantized when the head is its own tensor, kept float (the
+    flag turned off, with a warning) when the model ties it to the input embeddings."""
+    from transformers import LlamaConfig
+
+    from kbit_vllm.quant_config.vllm_kbit import KbitConfig
+
+    for tied in (False, True):
+        c = KbitConfig.from_config({"quant_method": "kbit", "bits": 4, "lm_head": True})
+        c.maybe_update_config(str(tmp_path), hf_config=LlamaConfig(tie_word_embeddings=tied))
+        assert (c.prequantized, c.lm_head) == (False, not tied)
+    with pytest.raises(ValueError, match="lm_head must be true or false"):
+        KbitConfig.from_config({"quant_method": "kbit", "lm_head": "yes"})
+
+
 def test_awq_orin_does_not_hijack_awq() -> None:
     from kbit_vllm.quant_config.vllm_awq_orin import AwqOrinConfig
 

@@ -2,7 +2,8 @@
 
 transformers' ``from_dict`` calls ``cls(**config_dict)`` and ``to_dict`` dumps ``__dict__`` into
 config.json, so every attribute here is a JSON value, ``__init__`` accepts every saved key, and
-it sets ``quant_method`` itself. Importing this module needs transformers.
+it sets ``quant_method`` itself. Also ties_word_embeddings, which both the HF quantizer and the vLLM
+config ask of a model config. Importing this module needs transformers.
 """
 
 from __future__ import annotations
@@ -13,6 +14,15 @@ from typing import Any
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
 from ..formats import AWQ_GROUP_SIZES, BLOCK, SUPPORTED_BITS
+
+
+def ties_word_embeddings(model_config: Any) -> bool:
+    """Whether a transformers model config (its text config, for multimodal ones) shares lm_head
+    with the input embeddings: such a head stays float under lm_head=True, in HF and vLLM alike."""
+    if model_config is None:
+        return False
+    text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    return bool(getattr(text, "tie_word_embeddings", False))
 
 
 def _check_modules(value: Any, where: str) -> list[str] | None:

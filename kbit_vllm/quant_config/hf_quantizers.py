@@ -33,7 +33,7 @@ from ..layers.hf_moe import (
 )
 from ..layers.moe_compute import kbit_quantize_experts
 from ..ops import kbit_quantize
-from .hf_configs import AwqOrinConfig, KbitConfig
+from .hf_configs import AwqOrinConfig, KbitConfig, ties_word_embeddings
 
 logger = logging.getLogger("kbit_vllm")
 
@@ -138,8 +138,7 @@ def _quantized_lm_head(model: nn.Module, requested: list[str] | None) -> str | N
     if requested and not should_convert_module(name, requested):
         raise ValueError(f"KbitConfig: lm_head=True but modules_to_not_convert={requested} keeps '{name}' in float")
     tied = {k.removesuffix(".weight") for kv in getattr(model, "all_tied_weights_keys", {}).items() for k in kv}
-    text_cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    if name in tied or getattr(text_cfg, "tie_word_embeddings", False):
+    if name in tied or ties_word_embeddings(model.config):
         logger.warning("kbit: lm_head=True, but '%s' is tied to the input embeddings; it stays in float", name)
         return None
     return name

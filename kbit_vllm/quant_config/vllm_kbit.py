@@ -25,6 +25,7 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 
 from ..formats import check_bits, check_codebook, normal_float_codebook
+from .hf_configs import ties_word_embeddings
 from .vllm_common import ConfigCommon, is_moe_router
 
 PACKED_SUFFIX = ".weight_packed"
@@ -63,14 +64,6 @@ def checkpoint_tensor_names(model: str, revision: str | None = None) -> list[str
         return list(get_safetensors_params_metadata(model, revision=revision))
     except Exception:  # no metadata just means "decide by the config"
         return None
-
-
-def _tied_embeddings(hf_config: Any) -> bool:
-    """Whether the (text) model's lm_head shares the input embedding tensor."""
-    if hf_config is None:
-        return False
-    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
-    return bool(getattr(text, "tie_word_embeddings", False))
 
 
 def is_moe_layer(layer: torch.nn.Module) -> bool:
@@ -143,7 +136,7 @@ class KbitConfig(ConfigCommon, QuantizationConfig):
         if self.prequantized and names:
             self.note_unquantized_layers(names, PACKED_SUFFIX)
             self.lm_head = any(n.endswith(LM_HEAD + PACKED_SUFFIX) for n in names)
-        elif self.lm_head and _tied_embeddings(hf_config):
+        elif self.lm_head and ties_word_embeddings(hf_config):
             logger.warning("kbit: lm_head=true, but this model ties lm_head to the input embeddings; "
                            "lm_head stays unquantized")
             self.lm_head = False
