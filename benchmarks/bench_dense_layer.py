@@ -37,10 +37,10 @@ def kbit_layers(k: int, layers: int) -> list[dict]:
     base = {}
     for name, fin, fout in SHAPES:
         w = torch.randn(fout, fin, device="cuda", dtype=torch.float16) * 0.02
-        base[name] = ops.kbit_repack(*ops.kbit_quantize(w, cb, k), k)
+        base[name] = (*ops.kbit_repack(*ops.kbit_quantize(w, cb, k), k), fout)
         del w
-    return [{name: (pt.clone(), at.clone(), cb.clone(), fout)
-             for (name, _, fout), (pt, at) in ((s, base[s[0]]) for s in SHAPES)} for _ in range(layers)]
+    return [{name: (pt.clone(), at.clone(), cb.clone(), fout) for name, (pt, at, fout) in base.items()}
+            for _ in range(layers)]
 
 
 def bf16_layers(layers: int) -> list[dict]:
