@@ -120,14 +120,12 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
 
     pdl_trigger();
     // Weights, codebook and table only until pdl_wait (pdl.cuh): the first unit's loads and the
-    // table build overlap the previous kernel's tail. XS builds the table after pdl_wait instead,
-    // under the first loads of x: behind a kernel without PDL (vLLM's norms) nothing overlaps, and
-    // the codebook's and x's round trips then run side by side instead of one after the other
-    // (H200, bf16 M=1 behind such a kernel: 4096x28672 23.2 -> 22.1 us, 14336x4096 15.4 -> 14.7;
-    // without XS, where x is read in the unit loop, the earlier build is faster). The codebook is
-    // requested before any weights, and XS requests the first unit only after its x: the prologue
-    // waits on those small loads, not on the weights, and ran ~3 us (per-CTA timestamps, session 19);
-    // in vLLM's Llama-3-8B decode step the 65 calls went from 1196 to 1166 us.
+    // table build overlap the previous kernel's tail. XS loads its x first and builds the table and
+    // requests the first unit only once that x is in: behind a kernel without PDL (vLLM's norms)
+    // nothing overlaps, and the prologue waits on x (the codebook's round trip runs beside it), not
+    // on weights queued ahead of it (H200, bf16 M=1 behind such a kernel: building under the x loads
+    // took 4096x28672 23.2 -> 22.1 us, 14336x4096 15.4 -> 14.7; without XS, where x is read in the
+    // unit loop, the earlier build is faster).
     const float cbl = lane_codebook<K>(codebook, lane);
     uint4 p[K];
     uint32_t a;
@@ -159,18 +157,12 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
             return xq + jb * 4 + (q & 3);
         };
         float mx[1] = {0.f};
-        bool built = false;
         for (int base = 0; base < span * 4; base += kXsLoads * static_cast<int>(blockDim.x)) {  // block-uniform
             uint4 v[kXsLoads];
 #pragma unroll
             for (int r = 0; r < kXsLoads; ++r) {
                 const int q = base + r * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x);
                 if (q < span * 4) v[r] = __ldg(src_of(q));
-            }
-            if (!built) {  // under the first round's loads
-                sk_load<K>(packed_t, absmax_t, u0, lane, p, a);
-                build_wide_lut_lanes<K>(tbl, cbl);
-                built = true;
             }
 #pragma unroll
             for (int r = 0; r < kXsLoads; ++r) {
@@ -181,6 +173,12 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
                 }
             }
         }
+        // The first unit's weights only once x is in: requested earlier, the 396 CTAs' first units
+        // (6.5 MB on 4096x28672) sit in the memory queues ahead of the slower CTAs' x, and the block
+        // barriers below wait for the slowest warp's x (per-warp timestamps, H200 session 22: the
+        // unit loop started 2.8 us after entry instead of 3.7).
+        sk_load<K>(packed_t, absmax_t, u0, lane, p, a);
+        build_wide_lut_lanes<K>(tbl, cbl);
         block_scales<1>(mx, xscale, xinv);
         for (int q = threadIdx.x; q < span * 4; q += blockDim.x) {
             uint4* s = slot_of(q);
