@@ -136,10 +136,11 @@ __device__ __forceinline__ void gsx_items(GsxItems<M>& g, const int* offs, int n
 }
 
 // Every thread of the CTA, after gsx_items: stage x (see above) and build the pair table from the
-// lane codebook under the first loads. Ends with a block barrier.
-template <int K, int M>
+// lane codebook under the first loads; x_in() runs once this thread's x words are in, before the
+// first barrier. Ends with a block barrier.
+template <int K, int M, typename XIn>
 __device__ __forceinline__ void gsx_fill(GsxItems<M>& g, uint32_t* tbl, float cbl, const __nv_bfloat16* x, int nb,
-                                         int n_it) {
+                                         int n_it, XIn x_in) {
     // Raw bf16 words into their slots and each row's max, up to kLoads uint4 per thread in flight.
     constexpr int kLoads = 4;
     const uint4* x4 = reinterpret_cast<const uint4*>(x);
@@ -174,6 +175,7 @@ __device__ __forceinline__ void gsx_fill(GsxItems<M>& g, uint32_t* tbl, float cb
             }
         }
     }
+    x_in();
     __syncthreads();
     // Each thread scales the slots it wrote.
     for (int i = 0; i < n_it; ++i) {
@@ -239,11 +241,13 @@ __global__ void __launch_bounds__(kSkThreads, M == 1 ? 3 : 2) grouped_gemv_sk_ke
         item_a = static_cast<int>(c0 / per_item);
         const int n_it = static_cast<int>((c1 - 1) / per_item) - item_a + 1;
         gsx_items<M>(gsx, offs, n_exp, rows, nb, per_item, c0, c1, n_it);
-        if (active) {  // the first unit's weights under the staging
-            expert = gsx.expert[item - item_a];
-            sk_load<K>(packed_t, absmax_t, (static_cast<long long>(expert) * n_tiles + t) * nb + j, lane, p, a);
-        }
-        gsx_fill<K, M>(gsx, tbl, cbl, reinterpret_cast<const __nv_bfloat16*>(x), nb, n_it);
+        // The first unit's weights once this thread's x is in, under the barriers and the scaling:
+        // requested before, they queue ahead of other CTAs' x (the dense GEMV's XS, session 22).
+        if (active) expert = gsx.expert[item - item_a];
+        gsx_fill<K, M>(gsx, tbl, cbl, reinterpret_cast<const __nv_bfloat16*>(x), nb, n_it, [&] {
+            if (active)
+                sk_load<K>(packed_t, absmax_t, (static_cast<long long>(expert) * n_tiles + t) * nb + j, lane, p, a);
+        });
         if (!active) return;
     } else {
         if (active) {
