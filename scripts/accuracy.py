@@ -109,6 +109,11 @@ def write_untied_checkpoint(src: Path, dst: Path) -> None:
     cfg = json.loads((src / "config.json").read_text())
     cfg["tie_word_embeddings"] = False
     (dst / "config.json").write_text(json.dumps(cfg, indent=1))
+    copy_tokenizer(src, dst)
+
+
+def copy_tokenizer(src: Path, dst: Path) -> None:
+    """The files besides weights and config that a derived checkpoint needs to load and score."""
     for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         (dst / f).write_bytes((src / f).read_bytes())
 
@@ -163,8 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         awq_dir = Path(tmp) / "awq"
         write_awq_checkpoint(model_dir, awq_dir)
-        for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-            (awq_dir / f).write_bytes((model_dir / f).read_bytes())
+        copy_tokenizer(model_dir, awq_dir)
         awq = AutoModelForCausalLM.from_pretrained(str(awq_dir), quantization_config=AwqOrinConfig(),
                                                    dtype=torch.float32)
         add(f"awq_orin int4 RTN, group {AWQ_GROUP}", 4 + (16 + 4) / AWQ_GROUP, awq)
