@@ -207,20 +207,22 @@ def test_bf16_activation_range(scale, path):
 
 
 @pytest.mark.parametrize("k", (2, 3, 4))
-@pytest.mark.parametrize("in_f,out_f", ((5120, 4001), (16384, 1500), (16416, 1500)))
+@pytest.mark.parametrize("in_f,out_f", ((5120, 4001), (16384, 1500), (16416, 1500), (64, 640000)))
 def test_bf16_gemv_sk_staged_x(k, in_f, out_f):
-    """bf16 M=1 stream-K GEMV on layers whose CTAs get >= 12 units: x is staged in shared memory
-    as scaled fp16 (csrc/kbit_gemv_sk.cu, XS) at the CTA's own scale, only the blocks of each CTA's
-    units, with CTA ranges that wrap from one tile into the next; nb = 512 is the last staged size,
-    513 the first not."""
+    """bf16 M=1 stream-K GEMV on layers whose CTAs get >= 12 units: each warp stages the x blocks
+    of its own units in shared memory as scaled fp16 at its own scale (csrc/kbit_gemv_sk.cu, XS),
+    with warp ranges that wrap from one tile into the next, nb = 512 and 513 (no limit on nb), and
+    (64 inputs) warps with more units than blocks, so their slots wrap and whole tiles are written
+    directly at the warp's scale."""
     packed, absmax, cb = _weights(out_f, in_f, k)
     pt, at = ops.kbit_repack(packed, absmax, k)
     w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64)
     nb, units = in_f // 32, ((out_f + 127) // 128) * (in_f // 32)
     ctas = cuda_ops.gemv_sk_ctas(torch.device(DEV), "bf16", k, 1, out_f, nb, forced=True)
-    assert units >= 12 * ctas, "the shape no longer reaches the staged-x kernel"
+    warps = 8 * ctas
+    assert units >= 12 * ctas and -(-units // warps) <= 64, "the shape no longer reaches the staged-x kernel"
     bias = torch.randn(out_f, device=DEV, dtype=torch.bfloat16)
-    # Per-block magnitudes 2^0..2^18 give CTAs different scales; a partial left at the wrong
+    # Per-block magnitudes 2^0..2^18 give warps different scales; a partial left at the wrong
     # scale would be off by up to 2^18 relative to its share of every output.
     stepped = torch.pow(2.0, 3.0 * (torch.arange(in_f, device=DEV) // 32 % 7))
     for scale, b in ((1e-30, None), (1.0, bias), (1e30, None), (stepped, None)):

@@ -90,20 +90,21 @@ __device__ __forceinline__ void sk_store_rows(T* __restrict__ y, const T* __rest
     }
 }
 
-// bf16 x of one row with up to this many 32-wide blocks is staged (see gemv_sk_kernel's XS), when
-// each CTA has at least kStageXMinUnits units to amortize the staging pass and its barrier. H200
-// (benchmarks/RESULTS.md, session 6), k=4 bf16 M=1 us without -> with: 4096x28672 (72 units per
-// CTA) 26.0 -> 23.3, 14336x4096 (36) 16.7 -> 15.3, 4096x6144 (15.5) 9.7 -> 9.2, 4096x4096 (10)
-// 8.0 -> 8.4, 2048x5120 (6.5) 6.6 -> 6.9.
-constexpr int kStageXBlocks = kStagedXSlots;
+// bf16 x is staged (see gemv_sk_kernel's XS) when each CTA has at least kStageXMinUnits units to
+// amortize the staging pass. H200 (benchmarks/RESULTS.md, session 6, staged per CTA then), k=4 bf16
+// M=1 us without -> with: 4096x28672 (72 units per CTA) 26.0 -> 23.3, 14336x4096 (36) 16.7 ->
+// 15.3, 4096x6144 (15.5) 9.7 -> 9.2, 4096x4096 (10) 8.0 -> 8.4, 2048x5120 (6.5) 6.6 -> 6.9.
 constexpr int kStageXMinUnits = 12;
+// Staging slots (one 32-wide block of x each) per warp: a warp with more units than this reads x
+// from global memory instead (more than 64 * 8 * CTAs units: 4096 inputs x 203k rows on an H200).
+constexpr int kXsWarpSlots = kStagedXSlots / kSkWarps;
 
-// XS (bf16, M = 1, nb <= kStageXBlocks): the CTA stages the x blocks of its own units once as
-// scaled fp16 in the unused right half of the table's 256-byte rows (block j's 64 bytes at row
-// j / 2, byte 128 + 64 (j & 1)), so the unit loop reads x from shared memory instead of every lane
-// converting every x word of every unit. The scale is the CTA's own (block_scales over the staged
-// blocks only, not the whole row), so each warp multiplies its partial sums by the CTA's inverse
-// before they meet other CTAs' in the accumulator.
+// XS (bf16, M = 1, at most kXsWarpSlots units per warp): each warp stages the x blocks of its own
+// units (consecutive blocks from its first unit's, at most nb of them) as scaled fp16 in its own
+// kXsWarpSlots slots of the table rows' unused right halves (staged_x_word), at its own scale (a
+// warp max: no block barrier on the way), so the unit loop reads x from shared memory instead of
+// every lane converting every x word of every unit. Each warp multiplies its partial sums by its
+// own inverse before they meet other warps' in the accumulator.
 template <typename T, int K, int M, bool XS = false>
 __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
     const T* __restrict__ x, const uint4* __restrict__ packed_t, const uint32_t* __restrict__ absmax_t,
@@ -136,54 +137,52 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
     pdl_wait();
     float xscale[M], xinv[M];
     if constexpr (XS) {
-        // Only the blocks of this CTA's units: consecutive units, so blocks jb0, jb0 + 1, ... mod nb.
-        // A round loads up to kXsLoads uint4 per thread before it stores any (no round trip per
-        // word); raw bf16 words go to their staging slot while the max is taken; after the scale
-        // is known each thread converts the slots it wrote itself (no barrier needed between).
+        // Per warp: x in (up to kXsLoads uint4 per lane in flight, raw bf16 into the slots while the
+        // max is taken), then its first unit requested, its scale and the conversion of the slots
+        // each lane wrote itself, then the table; one block barrier (for the table) before the loop.
+        // H200 session 23 (per-warp timestamps, .carry/diag/s22_sk.cu): staged per CTA, x waited
+        // behind the table build and two barriers of block_scales, and the loop started ~3.0 us
+        // after entry; per warp, 4096x28672 20.4 -> 19.8 us, 14336x4096 13.3 -> 12.9, 4096x128256
+        // (40 units per warp, two load rounds) 71.5 either way.
         constexpr int kXsLoads = 4;
-        const long long c0 = sk_start(static_cast<long long>(blockIdx.x) * kSkWarps, units, warps);
-        const long long c1 = sk_start(static_cast<long long>(blockIdx.x + 1) * kSkWarps, units, warps);
-        const int span = static_cast<int>(c1 - c0 < nb ? c1 - c0 : nb);
-        const int jb0 = static_cast<int>(c0 % nb);
+        const int j0 = static_cast<int>(u0 % nb);
+        const int cnt = static_cast<int>(u1 - u0 < nb ? u1 - u0 : nb);
+        const int slot0 = (threadIdx.x >> 5) * kXsWarpSlots;
         const uint4* xq = reinterpret_cast<const uint4*>(x);
-        auto slot_of = [&](int q) -> uint4* {  // uint4 q of the span: block jb0 + q / 4 (mod nb), quarter q % 4
-            int jb = jb0 + (q >> 2);
-            if (jb >= nb) jb -= nb;
-            return reinterpret_cast<uint4*>(tbl + staged_x_word(jb)) + (q & 3);
+        auto slot_of = [&](int q) -> uint4* {  // uint4 q of the warp's blocks: slot q / 4, quarter q % 4
+            return reinterpret_cast<uint4*>(tbl + staged_x_word(slot0 + (q >> 2))) + (q & 3);
         };
-        auto src_of = [&](int q) -> const uint4* {
-            int jb = jb0 + (q >> 2);
-            if (jb >= nb) jb -= nb;
-            return xq + jb * 4 + (q & 3);
-        };
-        float mx[1] = {0.f};
-        for (int base = 0; base < span * 4; base += kXsLoads * static_cast<int>(blockDim.x)) {  // block-uniform
+        float mx = 0.f;
+        for (int base = 0; base < cnt * 4; base += kXsLoads * 32) {  // warp-uniform
             uint4 v[kXsLoads];
 #pragma unroll
             for (int r = 0; r < kXsLoads; ++r) {
-                const int q = base + r * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x);
-                if (q < span * 4) v[r] = __ldg(src_of(q));
+                const int q = base + r * 32 + lane;
+                if (q < cnt * 4) {
+                    int jb = j0 + (q >> 2);
+                    if (jb >= nb) jb -= nb;
+                    v[r] = __ldg(xq + jb * 4 + (q & 3));
+                }
             }
 #pragma unroll
             for (int r = 0; r < kXsLoads; ++r) {
-                const int q = base + r * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x);
-                if (q < span * 4) {
+                const int q = base + r * 32 + lane;
+                if (q < cnt * 4) {
                     *slot_of(q) = v[r];
-                    mx[0] = fmaxf(mx[0], bf16x8_absmax(v[r]));
+                    mx = fmaxf(mx, bf16x8_absmax(v[r]));
                 }
             }
         }
         // The first unit's weights only once x is in: requested earlier, the 396 CTAs' first units
-        // (6.5 MB on 4096x28672) sit in the memory queues ahead of the slower CTAs' x, and the block
-        // barriers below wait for the slowest warp's x (per-warp timestamps, H200 session 22: the
-        // unit loop started 2.8 us after entry instead of 3.7).
+        // (6.5 MB on 4096x28672) sit in the memory queues ahead of the slower warps' x (per-warp
+        // timestamps, H200 session 22).
         sk_load<K>(packed_t, absmax_t, u0, lane, p, a);
-        build_wide_lut_lanes<K>(tbl, cbl);
-        block_scales<1>(mx, xscale, xinv);
-        for (int q = threadIdx.x; q < span * 4; q += blockDim.x) {
-            uint4* s = slot_of(q);
-            *s = bf16x8_to_scaled_h8(*s, xscale[0]);
+        x_pow2_scale(warp_max(mx), xscale[0], xinv[0]);
+        for (int q = lane; q < cnt * 4; q += 32) {
+            uint4* sl = slot_of(q);
+            *sl = bf16x8_to_scaled_h8(*sl, xscale[0]);
         }
+        build_wide_lut_lanes<K>(tbl, cbl);
         __syncthreads();
     } else {
         row_scales<T, M>(x, nb * 32, xscale, xinv);  // synchronizes the block
@@ -197,6 +196,8 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
     const uint4* x4 = reinterpret_cast<const uint4*>(x);
     int t = static_cast<int>(u0 / nb), j = static_cast<int>(u0 - static_cast<long long>(t) * nb);
     int j_first = j;
+    [[maybe_unused]] int slot = (threadIdx.x >> 5) * kXsWarpSlots;  // XS: x slot of unit u (wraps after nb)
+    [[maybe_unused]] const int slot_end = slot + nb;
     float acc[4][M];
 #pragma unroll
     for (int r = 0; r < 4; ++r)
@@ -208,8 +209,9 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
         uint32_t an = 0;
         if (u + 1 < u1) sk_load<K>(packed_t, absmax_t, u + 1, lane, pn, an);
         if constexpr (XS) {
-            const uint4* xs = reinterpret_cast<const uint4*>(tbl + staged_x_word(j));
+            const uint4* xs = reinterpret_cast<const uint4*>(tbl + staged_x_word(slot));
             sk_unit<T, K, M, false, true>(p, a, xs, xoff, tblc, lane4, acc);
+            if (++slot == slot_end) slot -= nb;
         } else {
             sk_unit<T, K, M, !std::is_same<T, half>::value>(p, a, x4 + j * 4, xoff, tblc, lane4, acc, xscale);
         }
@@ -227,7 +229,7 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
         } else {
             const long long tb = static_cast<long long>(t) * nb;
             float* tacc = accum + (static_cast<size_t>(t) * 32 + lane) * (4 * M);  // [r][m] per lane
-            if constexpr (XS) {  // this CTA's scale, undone before the partial meets other CTAs'
+            if constexpr (XS) {  // this warp's scale, undone before the partial meets other warps'
 #pragma unroll
                 for (int r = 0; r < 4; ++r)
 #pragma unroll
@@ -276,7 +278,8 @@ int launch_gemv_sk_km(const void* x, const void* pt, const uint8_t* at, const fl
                       int nb, void* y, int ctas, float* ws, int* counters, cudaStream_t stream) {
     if constexpr (M == 1 && std::is_same<T, __nv_bfloat16>::value) {
         const long long units = static_cast<long long>((N + kTileN - 1) / kTileN) * nb;
-        if (nb <= kStageXBlocks && units >= static_cast<long long>(kStageXMinUnits) * ctas)
+        const long long warps = static_cast<long long>(ctas) * kSkWarps;
+        if (units >= static_cast<long long>(kStageXMinUnits) * ctas && (units + warps - 1) / warps <= kXsWarpSlots)
             return launch_gemv_sk_kmx<T, K, M, true>(x, pt, at, cb, bias, N, nb, y, ctas, ws, counters, stream);
     }
     return launch_gemv_sk_kmx<T, K, M, false>(x, pt, at, cb, bias, N, nb, y, ctas, ws, counters, stream);

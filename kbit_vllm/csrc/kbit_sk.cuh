@@ -62,16 +62,22 @@ __device__ __forceinline__ void decode_e4m4_x4(uint32_t a, float (&s)[4]) {
 }
 
 // build_wide_lut from the lane codebook (lane l holds codebook[l mod 2^K]: lane_codebook) by
-// shuffles, so no load waits inside the loop; every thread of full warps calls it. The stream-K
-// GEMV's staged-x prologue uses it; the other kernels keep build_wide_lut (the MMA built this way
-// ran 0.3-1.7 us slower at M=16, H200 session 15).
+// shuffles, so no load waits inside the loop; every thread of full warps calls it. One row per
+// thread: two shuffles per row, then the row's 8 uint4 stores, starting at column lane mod 8 so
+// each quarter-warp's stores hit 8 distinct bank groups (with a thread per uint4 and two shuffles
+// per store the table was ready ~0.35 us later, H200 session 23). The stream-K GEMVs' staged-x
+// prologues use it; the other kernels keep build_wide_lut (the MMA built this way ran 0.3-1.7 us
+// slower at M=16, H200 session 15).
 template <int K, typename P = half, int RowWords = 64>
 __device__ __forceinline__ void build_wide_lut_lanes(uint32_t* tbl, float cbl) {
-    for (int i = threadIdx.x; i < 256 * 8; i += blockDim.x) {  // warp-uniform trip count
-        const int e = i >> 3, q = i & 7;
+    const int lane = threadIdx.x & 31;
+    for (int e = threadIdx.x; e < 256; e += blockDim.x) {  // warp-uniform trip count
         const float lo = __shfl_sync(0xffffffffu, cbl, e & 15), hi = __shfl_sync(0xffffffffu, cbl, e >> 4);
         const uint32_t w = pack2<P>(lo, hi);
-        reinterpret_cast<uint4*>(tbl + e * RowWords)[q] = make_uint4(w, w, w, w);
+        const uint4 v = make_uint4(w, w, w, w);
+        uint4* row = reinterpret_cast<uint4*>(tbl + e * RowWords);
+#pragma unroll
+        for (int q = 0; q < 8; ++q) row[(q + lane) & 7] = v;
     }
 }
 
