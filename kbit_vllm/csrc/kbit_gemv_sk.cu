@@ -135,6 +135,8 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
         build_wide_lut_lanes<K>(tbl, cbl);
     }
     pdl_wait();
+    int t = static_cast<int>(u0 / nb), j = static_cast<int>(u0 - static_cast<long long>(t) * nb);
+    const int slot0 = (threadIdx.x >> 5) * kXsWarpSlots;  // XS: this warp's first x slot
     float xscale[M], xinv[M];
     if constexpr (XS) {
         // Per warp: x in (up to kXsLoads uint4 per lane in flight, raw bf16 into the slots while the
@@ -145,9 +147,7 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
         // after entry; per warp, 4096x28672 20.4 -> 19.8 us, 14336x4096 13.3 -> 12.9, 4096x128256
         // (40 units per warp, two load rounds) 71.5 either way.
         constexpr int kXsLoads = 4;
-        const int j0 = static_cast<int>(u0 % nb);
         const int cnt = static_cast<int>(u1 - u0 < nb ? u1 - u0 : nb);
-        const int slot0 = (threadIdx.x >> 5) * kXsWarpSlots;
         const uint4* xq = reinterpret_cast<const uint4*>(x);
         auto slot_of = [&](int q) -> uint4* {  // uint4 q of the warp's blocks: slot q / 4, quarter q % 4
             return reinterpret_cast<uint4*>(tbl + staged_x_word(slot0 + (q >> 2))) + (q & 3);
@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
             for (int r = 0; r < kXsLoads; ++r) {
                 const int q = base + r * 32 + lane;
                 if (q < cnt * 4) {
-                    int jb = j0 + (q >> 2);
+                    int jb = j + (q >> 2);
                     if (jb >= nb) jb -= nb;
                     v[r] = __ldg(xq + jb * 4 + (q & 3));
                 }
@@ -194,10 +194,9 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
 #pragma unroll
     for (int m = 0; m < M; ++m) xoff[m] = m * nb * 4;
     const uint4* x4 = reinterpret_cast<const uint4*>(x);
-    int t = static_cast<int>(u0 / nb), j = static_cast<int>(u0 - static_cast<long long>(t) * nb);
     int j_first = j;
-    [[maybe_unused]] int slot = (threadIdx.x >> 5) * kXsWarpSlots;  // XS: x slot of unit u (wraps after nb)
-    [[maybe_unused]] const int slot_end = slot + nb;
+    [[maybe_unused]] int slot = slot0;  // XS: x slot of unit u (wraps after nb)
+    [[maybe_unused]] const int slot_end = slot0 + nb;
     float acc[4][M];
 #pragma unroll
     for (int r = 0; r < 4; ++r)
