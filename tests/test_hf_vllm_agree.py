@@ -48,7 +48,12 @@ def test_hf_saved_folder_served_by_vllm(tmp_path: Path, bits: int, lm_head: bool
 ])
 def test_hf_saved_moe_folder_served_by_vllm(tmp_path: Path, kind: str, bits: int) -> None:
     """Fused experts quantized by HF are saved per expert (`experts.<e>.<proj>.weight_packed`), and vLLM's
-    expert loader maps them onto KbitMoEMethod's stacked w13 / w2 parameters."""
+    expert loader maps them onto KbitMoEMethod's stacked w13 / w2 parameters.
+
+    Compared in float32 (the folder reloaded by HF, served by vLLM): in bf16 this tiny random MoE's top-2
+    routing sits near ties, and vLLM's bf16 CPU kernels round differently per host (on an AMX / AVX512-BF16
+    Xeon, Mixtral moved by 0.14 in logprob against the bf16 HF model, 2026-11-27), which says nothing about
+    the expert mapping; a wrong expert or projection moves far more."""
     from transformers import AutoModelForCausalLM
 
     from kbit_vllm import KbitConfig
@@ -63,8 +68,8 @@ def test_hf_saved_moe_folder_served_by_vllm(tmp_path: Path, kind: str, bits: int
     model.save_pretrained(str(saved))
     H.write_tokenizer(saved)
 
-    got = H.run_llm(saved, quantization="kbit", dtype="bfloat16")
-    H.assert_matches_hf(saved, got, LOGPROB_TOL, model=model)
+    got = H.run_llm(saved, quantization="kbit", dtype="float32")
+    H.assert_matches_hf(saved, got, LOGPROB_TOL)  # the folder reloaded in float32
 
 
 def test_hf_resaved_awq_moe_folder_served_by_vllm(tmp_path: Path) -> None:
