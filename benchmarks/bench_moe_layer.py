@@ -91,19 +91,23 @@ def variant(name: str):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", default="1,4,16,64")
+    ap.add_argument("--variants", default="ours,no_pdl,unfused")
+    ap.add_argument("--rounds", type=int, default=1, help="times each variant, interleaved (cells: one per round)")
     args = ap.parse_args()
     start_run()
     layers = make_layers()
-    names = ("ours", "no_pdl", "unfused")
+    names = args.variants.split(",")
     print("\n| tokens | " + " | ".join(names) + " |  (µs per MoE layer, bf16, k=4, Qwen3-30B-A3B shapes)")
     print("|---" * (1 + len(names)) + "|")
     for t in (int(v) for v in args.tokens.split(",")):
         xs = [torch.randn(t, HIDDEN, device="cuda", dtype=torch.bfloat16) for _ in layers]
-        cells = []
-        for name in names:
-            with variant(name):
-                cells.append(f"{time_graph([layer_call(lay, x) for lay, x in zip(layers, xs, strict=True)]):.1f}")
-        print(f"| {t} | " + " | ".join(cells) + " |", flush=True)
+        cells: dict[str, list[str]] = {name: [] for name in names}
+        for _ in range(args.rounds):
+            for name in names:
+                with variant(name):
+                    us = time_graph([layer_call(lay, x) for lay, x in zip(layers, xs, strict=True)])
+                cells[name].append(f"{us:.1f}")
+        print(f"| {t} | " + " | ".join(" / ".join(cells[n]) for n in names) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The one GPU-machine script: checks and times the carried library (builds nothing).
 # On the GPU machine, from the repo root, with kbit_vllm/lib carried prebuilt:
-#   STEPS="tests fuzz sanitize bench_kbit bench_awq bench_moe ncu" bash benchmarks/device_run.sh
+#   STEPS="tests fuzz sanitize bench_kbit bench_awq bench_moe bench_moe_layer ncu" bash benchmarks/device_run.sh
 # Steps (default "tests bench_kbit"), each with its own time limit, logs under $OUT (./device_out):
 #   tests       every GPU test module (CUDA kernels, HF on CUDA, MoE compute, fuzz short mode), or $TESTS
 #   fuzz        scripts/fuzz_long.py for FUZZ_SECONDS (default 90)
 #   sanitize    scripts/sanitize.sh (SANITIZE_TOOLS, SANITIZE_FAMILIES, SANITIZE_FILTER pass through)
 #   bench_kbit  benchmarks/bench_kbit.py $BENCH_KBIT_ARGS     bench_awq  benchmarks/bench_awq.py $BENCH_AWQ_ARGS
 #   bench_moe   benchmarks/bench_moe.py $BENCH_MOE_ARGS
+#   bench_moe_layer  benchmarks/bench_moe_layer.py $BENCH_MOE_LAYER_ARGS (whole Qwen3-MoE layers, with variants)
 #   ncu         benchmarks/profile_ncu.sh over NCU_CONFIGS ("in out k path m;in out k path m")
 set -o pipefail
 OUT=${OUT:-device_out}
@@ -35,6 +36,8 @@ for step in $STEPS; do
              > "$OUT/bench_awq.log" 2>&1 ;;
     bench_moe) timeout 200 python3 benchmarks/bench_moe.py --json "$OUT/bench_moe.json" $BENCH_MOE_ARGS \
              > "$OUT/bench_moe.log" 2>&1 ;;
+    bench_moe_layer) timeout 200 python3 benchmarks/bench_moe_layer.py $BENCH_MOE_LAYER_ARGS \
+             > "$OUT/bench_moe_layer.log" 2>&1 ;;
     ncu) IFS=';' read -r -a cfgs <<< "${NCU_CONFIGS:-4096 28672 4 gemv 1}"
          timeout 300 bash benchmarks/profile_ncu.sh "${cfgs[@]}" > "$OUT/ncu.log" 2>&1 ;;
     *) echo "unknown step $step" ;;
