@@ -381,10 +381,15 @@ def child(name: str) -> None:
         profile_decode(llm, SamplingParams, name)
 
 
+LAUNCH = "launch:"  # profile_decode's key prefix for host launch API calls
+
+
 def profile_decode(llm, sp_cls, name: str, tokens: int = 33) -> None:
     """Where a decode step's GPU time goes, at batch KBIT_E2E_PROFILE_BATCH (default 1): kernels
     (inside CUDA graph replays too) summed over a (tokens)-token generate minus a 1-token one, per
-    step; one PROFILE line per kernel."""
+    step; one PROFILE line per kernel. A PROFILE launches line counts the host's launch API calls
+    per step (cudaGraphLaunch against kernel launches): a decode step replayed as one FULL graph
+    shows about one graph launch and few kernel launches; piecewise or eager steps show many."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -395,7 +400,7 @@ def profile_decode(llm, sp_cls, name: str, tokens: int = 33) -> None:
         llm.generate(prompt, sp_cls(max_tokens=n, temperature=0.0, ignore_eos=True), use_tqdm=False)
         torch.cuda.synchronize()
         t = time.perf_counter()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             llm.generate(prompt, sp_cls(max_tokens=n, temperature=0.0, ignore_eos=True), use_tqdm=False)
             torch.cuda.synchronize()
         wall = time.perf_counter() - t
@@ -404,6 +409,8 @@ def profile_decode(llm, sp_cls, name: str, tokens: int = 33) -> None:
             if e.device_type == torch.autograd.DeviceType.CUDA:
                 tot, cnt = out.get(e.name, (0.0, 0))
                 out[e.name] = (tot + e.device_time, cnt + 1)  # device_time in us
+            elif "Launch" in e.name and e.name.startswith(("cuda", "cu")):  # host launch API calls
+                out[LAUNCH + e.name] = (0.0, out.get(LAUNCH + e.name, (0.0, 0))[1] + 1)
         return out, wall
 
     many, wall_n = kernels(tokens)
@@ -413,10 +420,13 @@ def profile_decode(llm, sp_cls, name: str, tokens: int = 33) -> None:
     for k, (t, c) in many.items():
         t1, c1 = one.get(k, (0.0, 0))
         rows.append(((t - t1) / steps, (c - c1) / steps, k))
-    rows.sort(reverse=True)
+    launches = sorted((r for r in rows if r[2].startswith(LAUNCH)), key=lambda r: -r[1])
+    rows = sorted((r for r in rows if not r[2].startswith(LAUNCH)), reverse=True)
     total = sum(r[0] for r in rows)
     print(f"PROFILE {name} batch={batch} step_wall_us={(wall_n - wall_1) / steps * 1e6:.0f} "
           f"kernel_sum_us={total:.0f}", flush=True)
+    print(f"PROFILE {name} launches per step: "
+          + (", ".join(f"{k.removeprefix(LAUNCH)} {c:.1f}" for _, c, k in launches) or "none recorded"), flush=True)
     for us, cnt, k in rows[:25]:
         print(f"PROFILE {name} {us:8.1f} us {cnt:6.1f}x {k[:150]}", flush=True)
 
