@@ -381,9 +381,6 @@ def child(name: str) -> None:
         profile_decode(llm, SamplingParams, name)
 
 
-LAUNCH = "launch:"  # profile_decode's key prefix for host launch API calls
-
-
 def profile_decode(llm, sp_cls, name: str, tokens: int = 33) -> None:
     """Where a decode step's GPU time goes, at batch KBIT_E2E_PROFILE_BATCH (default 1): kernels
     (inside CUDA graph replays too) summed over a (tokens)-token generate minus a 1-token one, per
@@ -396,7 +393,7 @@ def profile_decode(llm, sp_cls, name: str, tokens: int = 33) -> None:
     batch = int(os.environ.get("KBIT_E2E_PROFILE_BATCH", "1"))
     prompt = [{"prompt_token_ids": [10 + (7 * i + j) % 1000 for j in range(32)]} for i in range(batch)]
 
-    def kernels(n: int) -> tuple[dict, float]:
+    def kernels(n: int) -> tuple[dict, dict, float]:
         llm.generate(prompt, sp_cls(max_tokens=n, temperature=0.0, ignore_eos=True), use_tqdm=False)
         torch.cuda.synchronize()
         t = time.perf_counter()
@@ -405,28 +402,29 @@ def profile_decode(llm, sp_cls, name: str, tokens: int = 33) -> None:
             torch.cuda.synchronize()
         wall = time.perf_counter() - t
         out: dict = {}
+        launches: dict = {}  # host launch API calls by name
         for e in prof.events():
             if e.device_type == torch.autograd.DeviceType.CUDA:
                 tot, cnt = out.get(e.name, (0.0, 0))
                 out[e.name] = (tot + e.device_time, cnt + 1)  # device_time in us
-            elif "Launch" in e.name and e.name.startswith(("cuda", "cu")):  # host launch API calls
-                out[LAUNCH + e.name] = (0.0, out.get(LAUNCH + e.name, (0.0, 0))[1] + 1)
-        return out, wall
+            elif e.name.startswith("cu") and "Launch" in e.name:
+                launches[e.name] = launches.get(e.name, 0) + 1
+        return out, launches, wall
 
-    many, wall_n = kernels(tokens)
-    one, wall_1 = kernels(1)
+    many, many_launches, wall_n = kernels(tokens)
+    one, one_launches, wall_1 = kernels(1)
     steps = tokens - 1
     rows = []
     for k, (t, c) in many.items():
         t1, c1 = one.get(k, (0.0, 0))
         rows.append(((t - t1) / steps, (c - c1) / steps, k))
-    launches = sorted((r for r in rows if r[2].startswith(LAUNCH)), key=lambda r: -r[1])
-    rows = sorted((r for r in rows if not r[2].startswith(LAUNCH)), reverse=True)
+    rows.sort(reverse=True)
+    launches = sorted((((c - one_launches.get(k, 0)) / steps, k) for k, c in many_launches.items()), reverse=True)
     total = sum(r[0] for r in rows)
     print(f"PROFILE {name} batch={batch} step_wall_us={(wall_n - wall_1) / steps * 1e6:.0f} "
           f"kernel_sum_us={total:.0f}", flush=True)
     print(f"PROFILE {name} launches per step: "
-          + (", ".join(f"{k.removeprefix(LAUNCH)} {c:.1f}" for _, c, k in launches) or "none recorded"), flush=True)
+          + (", ".join(f"{k} {c:.1f}" for c, k in launches) or "none recorded"), flush=True)
     for us, cnt, k in rows[:25]:
         print(f"PROFILE {name} {us:8.1f} us {cnt:6.1f}x {k[:150]}", flush=True)
 
