@@ -366,11 +366,11 @@ def child(name: str) -> None:
             lps = [round(float(s[t].logprob), 4) for t, s in zip(c.token_ids, c.logprobs, strict=True)]
             res["outputs"].append([list(c.token_ids), lps])
     else:
-        # l3: 128-token windows, decode best of 5 (a batch-1 window is ~0.3 s, and best of 2 moved
-        # by up to 8% between runs of one library, H200 session 23), prefill best of 3; q3moe*:
-        # 64-token windows and best of 2, so that bf16, kbit4, awq_orin and awq fit one 10-minute
-        # device call (startup dominates anyway)
-        n, decode_reps, prefill_reps = (128, 5, 3) if model in ("bench", "l3") else (64, 2, 2)
+        # 128-token windows, decode best of 5: a batch-1 window is ~0.3 s (l3) or ~0.2 s (q3moe),
+        # and best of 2 moved by up to 8% (l3, H200 session 23) and 30% (q3moe 64-token windows:
+        # 420-756 tok/s for one library, sessions 25-26) between runs. Prefill best of 3 (l3) or 2
+        # (q3moe*, so that four engines fit one 10-minute device call; startup dominates anyway).
+        n, decode_reps, prefill_reps = 128, 5, (3 if model in ("bench", "l3") else 2)
         for b in (1, 16, 64) if timed else (1, 16):
             res[f"bs{b}_decode_tok_s"] = decode_tok_s(llm, SamplingParams, b, n, hf.vocab_size, decode_reps)
         if timed:
