@@ -149,7 +149,7 @@ def test_mma_variants_match_reference(k, dtype, in_f, out_f):
             _check_linear(y, x, w64, b, dtype)
 
 
-@pytest.mark.parametrize("k", (2, 3, 4))
+@pytest.mark.parametrize("k", (2, 3, 4, 5))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("one_cta", (False, True))
 def test_wgmma_grids(k, dtype, one_cta, monkeypatch):

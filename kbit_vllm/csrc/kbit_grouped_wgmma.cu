@@ -1,4 +1,4 @@
-// kbit grouped GEMM on Hopper wgmma (MoE, any rows per expert), k = 2..4: for every expert e,
+// kbit grouped GEMM on Hopper wgmma (MoE, any rows per expert), k = 2..5: for every expert e,
 // y[rows of e] = x[rows of e] @ W_e^T, all experts in one launch, reading the stacked tiled layout
 // packed_tiled [E, n_tiles, nb, k, 128] / absmax_tiled [E, n_tiles, nb, 128].
 //
@@ -157,7 +157,7 @@ int launch_k(const CUtensorMap& tmx, const uint32_t* pt, const uint8_t* at, cons
 
 }  // namespace
 
-// k = 2..4; rows_per_tile: x rows per work item (16, 32 or 64; the wgmma N); items: grid rows, an
+// k = 2..5; rows_per_tile: x rows per work item (16, 32 or 64; the wgmma N); items: grid rows, an
 // upper bound on the (expert, rows_per_tile-row tile) items: (rows + min(n_exp, rows) *
 // (rows_per_tile - 1)) / rows_per_tile; splits > 1 needs workspace [splits, rows, N] fp32 (no
 // zeroing needed). Needs compute capability 9.0 and sm_90a code (ptx::wgmma_device_ok).
@@ -166,7 +166,7 @@ int launch_grouped_wgmma(const void* x, const void* pt, const uint8_t* at, const
                          int k, int n_exp, int rows, int N, int nb, int rows_per_tile, int items, int splits,
                          float* workspace, cudaStream_t stream) {
     if (rows <= 0 || N <= 0) return 0;
-    if (k < 2 || k > 4 || nb <= 0 || n_exp <= 0 || splits < 1 || items < 1 || items > 65535 ||
+    if (k < 2 || k > 5 || nb <= 0 || n_exp <= 0 || splits < 1 || items < 1 || items > 65535 ||
         !ptx::wgmma_device_ok())
         return static_cast<int>(cudaErrorInvalidValue);
     const int nst = (nb + kWgBK - 1) / kWgBK;
@@ -187,7 +187,8 @@ int launch_grouped_wgmma(const void* x, const void* pt, const uint8_t* at, const
     switch (k) {
         case 2: e = launch_k<T, 2>(tmx, p, at, cb, offs, yt, partial, n_exp, rows, N, nb, rows_per_tile, items, splits, per_split, stream); break;
         case 3: e = launch_k<T, 3>(tmx, p, at, cb, offs, yt, partial, n_exp, rows, N, nb, rows_per_tile, items, splits, per_split, stream); break;
-        default: e = launch_k<T, 4>(tmx, p, at, cb, offs, yt, partial, n_exp, rows, N, nb, rows_per_tile, items, splits, per_split, stream); break;
+        case 4: e = launch_k<T, 4>(tmx, p, at, cb, offs, yt, partial, n_exp, rows, N, nb, rows_per_tile, items, splits, per_split, stream); break;
+        default: e = launch_k<T, 5>(tmx, p, at, cb, offs, yt, partial, n_exp, rows, N, nb, rows_per_tile, items, splits, per_split, stream); break;
     }
     if (e != 0) return e;
     if (splits > 1) return awq::launch_splitk_reduce<T>(partial, nullptr, yt, splits, rows, N, stream);

@@ -1,4 +1,4 @@
-// kbit tensor-core GEMM on Hopper (sm_90a wgmma), k = 2..4, for mid and large M:
+// kbit tensor-core GEMM on Hopper (sm_90a wgmma), k = 2..5, for mid and large M:
 // y[M, N] = x[M, K] @ W^T (+ bias), W in the tiled layout.
 //
 // Why: the mma.sync kernel (kbit_mma.cu) issues one HMMA per 16 x rows x 8 features x 16 inputs
@@ -28,7 +28,9 @@
 //   inputs past the layer read as zeros). The pair table is the compact one (one 128-byte row of
 //   32 lane copies per pair code, 32 KB); with it, 4 slots of x + weights + absmax take 102 KB at
 //   k=4 and R = 64 (6 slots at R <= 32): 2 CTAs per SM (128 registers at R = 64). (cp.async from every thread, with x in a 64 KB table's
-//   spare halves, was the limiter: RESULTS.md, session 9.)
+//   spare halves, was the limiter: RESULTS.md, session 9.) k = 5 looks its 10-bit pair codes up in
+//   a table of the same size with 8 lane copies per code (kbit_wgmma_tile.cuh) and keeps 2 CTAs
+//   per SM with 4 / 5 / 6 slots at R = 64 / 32 / 16.
 // * Stages are loaded 2 ahead of the one decoded: a slot is refilled only after every warp
 //   decoded it and waited for its wgmmas (a block barrier sits between). Each k16 half's 2 wgmmas
 //   (both m64 tiles) are one commit group with their own A registers; before decoding a half a
@@ -220,6 +222,7 @@ const void* wgmma_pick(int k, int rows, int* smem) {
         case 2: return wgmma_pick_rows<T, 2>(rows, smem);
         case 3: return wgmma_pick_rows<T, 3>(rows, smem);
         case 4: return wgmma_pick_rows<T, 4>(rows, smem);
+        case 5: return wgmma_pick_rows<T, 5>(rows, smem);
         default: return nullptr;
     }
 }
@@ -229,7 +232,7 @@ const void* wgmma_pick(int k, int rows, int* smem) {
 using ptx::wgmma_device_ok;
 
 // Resident CTAs per SM of the wgmma kernel for k bits and `rows` x rows per row tile, for sizing a
-// one-wave grid; 0 on error, for k outside 2..4 or rows other than 16, 32, 64, or where
+// one-wave grid; 0 on error, for k outside 2..5 or rows other than 16, 32, 64, or where
 // !wgmma_device_ok().
 template <typename T>
 int wgmma_ctas_per_sm(int k, int rows) {

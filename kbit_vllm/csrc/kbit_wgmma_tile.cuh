@@ -13,6 +13,14 @@ constexpr int kWgBK = 2;               // quantization blocks per stage
 constexpr int kWgTW = 2;               // layout tiles per row tile (one per warpgroup)
 constexpr int kWgCols = kTileN * kWgTW;  // features per row tile
 constexpr int kWgLutWords = 256 * 32;  // compact pair table: one 128-byte row per pair code
+// k = 5: the pair code is 10 bits (two 4-bit low parts and the two fifth bits), 1024 codes of 8
+// lane copies each in the same 32 KB: copy lane % 8 of code c at word 8c + lane % 8. Lanes with
+// another copy never share a bank; the 4 lanes of one copy do when their codes differ and agree
+// mod 4 (random codes: about 2-3 wavefronts per lookup against 1 for the 32-copy k <= 4 table).
+constexpr int kWg5Copies = 8;
+static_assert(1024 * kWg5Copies == kWgLutWords, "the k = 5 table fills the k <= 4 table's words");
+// Shared memory two CTAs per SM may each take on sm_90 (228 KB per SM, 1 KB of it reserved per CTA).
+constexpr int kWgTwoCtaBytes = 113 * 1024;
 
 // Shared memory of the kernel for k = K with R x rows per row tile (the wgmma N: 16, 32 or 64; the
 // host picks the smallest that holds M, so a decode batch of 16 runs n16 wgmmas, not n64 on zero
@@ -20,8 +28,6 @@ constexpr int kWgLutWords = 256 * 32;  // compact pair table: one 128-byte row p
 template <int K, int R>
 struct WgCfg {
     static constexpr int kXBytes = R * kWgBK * 32 * 2;               // x rows of a stage (128-byte swizzled)
-    static constexpr int kSlots = R == 64 ? 4 : 6;                   // stage slots (x, weights, absmax)
-    static constexpr int kAhead = kSlots - 2;  // stages loaded ahead: the wgmmas read x until 2 stages later
     static constexpr int kTileFloats = R * kWgCols;
     static constexpr int kLutBytes = kWgLutWords * 4 + 256 * 4;   // pair table + scale table
     static constexpr int kTileWords = kWgBK * K * kTileN;          // plane words of one layout tile per stage
@@ -29,9 +35,15 @@ struct WgCfg {
     static constexpr int kAbsBytes = kWgTW * kWgBK * kTileN;       // [tile][block][128]
     static constexpr int kSlotBytes = (kXBytes + kBWords * 4 + kAbsBytes + 1023) / 1024 * 1024;
     static constexpr int kSlotsOff = (kLutBytes + 1023) / 1024 * 1024;
+    // Stage slots (x, weights, absmax): k <= 4 as measured (sessions 9-10); k = 5's larger stages
+    // take as many as two CTAs per SM leave room for, at most 6 (R = 64: 4, 32: 5, 16: 6).
+    static constexpr int kSlotsFit = (kWgTwoCtaBytes - 1024 - kSlotsOff - 6 * 8) / kSlotBytes;
+    static constexpr int kSlots = K <= 4 ? (R == 64 ? 4 : 6) : (kSlotsFit < 6 ? kSlotsFit : 6);
+    static constexpr int kAhead = kSlots - 2;  // stages loaded ahead: the wgmmas read x until 2 stages later
     static constexpr int kBarOff = kSlotsOff + kSlots * kSlotBytes;  // one mbarrier per slot
     static constexpr int kBytes = 1024 + kBarOff + kSlots * 8;      // + alignment to 1024 bytes
     static_assert(kAhead >= 1 && kTileFloats == R * kWgCols, "a stage in flight at least");
+    static_assert(K <= 4 || kBytes <= kWgTwoCtaBytes, "k = 5: two CTAs per SM");
 };
 
 // Per-lane constants: warp w of a warpgroup owns features 32w..32w+31 of the warpgroup's layout
@@ -41,6 +53,7 @@ struct KwLane {
     int tw;          // this warpgroup's layout tile in the row tile
     int c0;          // this lane's first feature in that layout tile (4 adjacent ones)
     uint32_t lane8;  // wide_lut_off(.., lane8) / 2: the lane's copy in the 128-byte table rows
+    uint32_t copy4;  // k = 5: byte offset of the lane's copy (lane % 8) in a 32-byte table entry
     __device__ __forceinline__ static KwLane make(int tid) {
         const int lane = tid & 31, warp = tid >> 5;
         KwLane L;
@@ -48,15 +61,51 @@ struct KwLane {
         L.tw = warp >> 2;
         L.c0 = 32 * (warp & 3) + 4 * (lane >> 2);
         L.lane8 = static_cast<uint32_t>(lane) * 8u;
+        L.copy4 = static_cast<uint32_t>(lane % kWg5Copies) * 4u;
         return L;
     }
 };
 
-// The compact pair table ([256][32] words) and the scale-pair table of all 256 absmax bytes, built
-// by the CTA's 256 threads (the caller's barrier publishes them).
+// k = 5 pair code c (10 bits): bits 0..3 and 4..7 are the low parts of the pair's first and
+// second field (byte i of the group word), bits 8 and 9 their fifth bits. Entry: (codebook[first],
+// codebook[second]) as two 16-bit values, the first in the low half (as the k <= 4 tables).
+template <typename T>
+__device__ __forceinline__ void build_k5_lut(uint32_t* tbl, const float* __restrict__ codebook, int tid) {
+    static_assert(kWg5Copies == 8, "two 16-byte stores per entry");
+    for (int c = tid; c < 1024; c += kWgThreads) {
+        const int lo = (c & 15) | ((c >> 8) & 1) << 4, hi = ((c >> 4) & 15) | ((c >> 9) & 1) << 4;
+        const uint32_t w = pack2<T>(__ldg(codebook + lo), __ldg(codebook + hi));
+        uint4* row = reinterpret_cast<uint4*>(tbl + c * kWg5Copies);
+        row[0] = make_uint4(w, w, w, w);
+        row[1] = make_uint4(w, w, w, w);
+    }
+}
+
+// k = 5: the fifth bits of group g's fields as the four pairs' high code bits, byte i = (bit of
+// field 2i) | (bit of field 2i + 1) << 1. Field n's fifth bit sits at bit (4n + g + 4) mod 32 of
+// plane word 4 (kbit_tile.cuh): rotated right by g + 4 (even fields) or g + 7 (odd ones).
+__device__ __forceinline__ uint32_t k5_pair_hi(uint32_t w4, int g) {
+    return (rotr32(w4, g + 4) & 0x01010101u) | (rotr32(w4, g + 7) & 0x02020202u);
+}
+
+// k = 5: byte offset of the table entry for pair byte i of group word gw whose high code bits are
+// byte i of hi (k5_pair_hi), lane copy included. prmt puts the pair byte in byte 0, the high bits
+// in byte 1 and zeros above (selector msb: the sign of hi's byte, which is 0).
+__device__ __forceinline__ uint32_t k5_lut_off(uint32_t gw, uint32_t hi, int i, uint32_t copy4) {
+    uint32_t c;
+    const uint32_t sel = static_cast<uint32_t>(i) | (4u + i) << 4 | (0xCu + i) << 8 | (0xCu + i) << 12;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(c) : "r"(gw), "r"(hi), "r"(sel));
+    return c * (kWg5Copies * 4u) + copy4;
+}
+
+// The pair table (k <= 4: the compact [256][32] words; k = 5: build_k5_lut) and the scale-pair
+// table of all 256 absmax bytes, built by the CTA's 256 threads (the caller's barrier publishes them).
 template <int K, typename T>
 __device__ __forceinline__ void kw_build_tables(uint32_t* tbl, const float* __restrict__ codebook, int tid) {
-    build_wide_lut<K, T, kWgLutWords / 256>(tbl, codebook);
+    if constexpr (K == 5)
+        build_k5_lut<T>(tbl, codebook, tid);
+    else
+        build_wide_lut<K, T, kWgLutWords / 256>(tbl, codebook);
     const float sc = decode_e4m4_fast(static_cast<uint32_t>(tid));  // scale pair of absmax byte tid
     tbl[kWgLutWords + tid] = pack2<T>(sc, sc);
 }
@@ -116,13 +165,14 @@ __device__ __forceinline__ void kw_stage(const unsigned char* slot, uint32_t slo
     kw_read_planes<K, R>(slot, L, 0, pw, ab);
 #pragma unroll
     for (int blk = 0; blk < kWgBK; ++blk) {
-        uint32_t gw[4], s2[4];  // group words and the scale pair of features c0 + s
+        uint32_t gw[4], s2[4], hi[4];  // group words, the scale pair and (k = 5) pair high bits of features c0 + s
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
             uint32_t p[K];
 #pragma unroll
             for (int b = 0; b < K; ++b) p[b] = s == 0 ? pw[b].x : s == 1 ? pw[b].y : s == 2 ? pw[b].z : pw[b].w;
             gw[s] = group_word<K>(p, L.g);
+            hi[s] = K == 5 ? k5_pair_hi(p[K - 1], L.g) : 0u;
             s2[s] = tbl[kWgLutWords + __byte_perm(ab, 0u, 0x4440u | s)];
         }
         if (blk + 1 < kWgBK) kw_read_planes<K, R>(slot, L, blk + 1, pw, ab);  // overlaps this block's decode
@@ -138,8 +188,14 @@ __device__ __forceinline__ void kw_stage(const unsigned char* slot, uint32_t slo
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int sf = 2 * i + h;
-                    const uint32_t o0 = wide_lut_off(gw[sf], 2 * kk, L.lane8) >> 1;
-                    const uint32_t o1 = wide_lut_off(gw[sf], 2 * kk + 1, L.lane8) >> 1;
+                    uint32_t o0, o1;
+                    if constexpr (K == 5) {
+                        o0 = k5_lut_off(gw[sf], hi[sf], 2 * kk, L.copy4);
+                        o1 = k5_lut_off(gw[sf], hi[sf], 2 * kk + 1, L.copy4);
+                    } else {
+                        o0 = wide_lut_off(gw[sf], 2 * kk, L.lane8) >> 1;
+                        o1 = wide_lut_off(gw[sf], 2 * kk + 1, L.lane8) >> 1;
+                    }
                     a[kk][i][h] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + o0), s2[sf]);
                     a[kk][i][2 + h] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + o1), s2[sf]);
                 }
