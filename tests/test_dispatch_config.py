@@ -91,9 +91,24 @@ def test_kbit_wgmma_rows() -> None:
     assert dispatch.choose_path(last + 1, (9, 0), big, 4, wgmma=True) == "dequant"
     assert dispatch.choose_path(first, (9, 0), big, 4, wgmma=False) == "mma"
     assert dispatch.choose_path(last, (9, 0), big, 4, wgmma=False) == "dequant"
-    assert dispatch.choose_path(first, (9, 0), big, 5, wgmma=True) == "mma"  # k = 5: no wgmma kernel
     assert dispatch.choose_path(first, (9, 0), small, 4, wgmma=True) in ("mma", "dequant")
     assert dispatch.choose_path(first, (8, 0), big, 4, wgmma=True) != "wgmma"
+
+
+def test_kbit5_wgmma_rules() -> None:
+    """H200, k = 5 (no MMA variant 5, no tensor-core GEMV): the wgmma kernel from M = 5, up to 192 rows
+    on layers above 40 M weights, 128 above MMA_SMALL_LAYER, 64 on small ones; dequantize + cuBLAS
+    past them, the GEMV below, the MMA where the Hopper kernels cannot run."""
+    big, mid, small = 4096 * 28672, 4096 * 6144, 2048 * 5120
+    assert [dispatch.choose_path(m, (9, 0), big, 5, wgmma=True) for m in (4, 5, 64, 192, 193)] == [
+        "gemv", "wgmma", "wgmma", "wgmma", "dequant"]
+    assert [dispatch.choose_path(m, (9, 0), mid, 5, wgmma=True) for m in (5, 128, 129)] == [
+        "wgmma", "wgmma", "dequant"]
+    assert [dispatch.choose_path(m, (9, 0), small, 5, wgmma=True) for m in (5, 64, 65)] == [
+        "wgmma", "wgmma", "dequant"]
+    assert dispatch.choose_path(8, (9, 0), None, 5, wgmma=True) == "wgmma"
+    assert [dispatch.choose_path(m, (9, 0), big, 5, wgmma=False) for m in (5, 64, 65)] == ["mma", "mma", "dequant"]
+    assert dispatch.choose_path(8, (8, 0), big, 5, wgmma=True) == "mma"
 
 
 def test_awq_wgmma_rules() -> None:

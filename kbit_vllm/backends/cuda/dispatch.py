@@ -88,6 +88,17 @@ MMA_SMALL_LAYER = 12 * 1024 * 1024
 WGMMA_ROWS: dict[tuple[int, int], tuple[int, int]] = {
     (9, 0): (17, 192),
 }
+# k = 5 (its 10-bit pair table, kbit_wgmma_tile.cuh): rules (layer weights above, first row, last
+# row), the first rule the layer is above decides. Its other kernels from M = 5 are the MMA's
+# variant 2 and dequantize + cuBLAS. H200 2026-11-27 session 26, bf16 behind a writer of x, µs
+# wgmma / MMA v2 / dequantize + cuBLAS (cuBLAS bf16): 4096x28672 M=5 48.0 / 77.6, M=8 47.4 / 79.0
+# (61.7), M=64 60.5 / 99.4 (65.6), M=128 106.6 / 152.7 (dequantize), M=192 149.4 / 163.9;
+# 14336x4096 M=8 27.8 / 43.1 (34.3), M=192 82.1 / 91.6; 4096x6144 M=8 16.0 / 22.1 (16.9), M=128
+# 35.0 / 36.2, M=192 48.2 / 43.2; 4096x4096 M=128 26.2 / 27.7, M=192 34.9 / 31.8; 2048x5120 (10 M)
+# M=8 11.0 / 14.2, M=64 14.6 / 19.0 / 15.1, M=128 19.9 / 15.5; 5120x2048 M=64 15.4 / 18.6.
+WGMMA_RULES_K5: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
+    (9, 0): ((40 << 20, 5, 192), (MMA_SMALL_LAYER, 5, 128), (0, 5, 64)),
+}
 
 # Layers (weights at most, first row) on which the wgmma kernel runs one CTA per SM instead of a
 # full wave of two: on small layers a CTA has only a few stages, and a second one per SM (twice
@@ -176,13 +187,16 @@ def choose_path(m: int, capability: tuple[int, int], weights: int | None = None,
     """'gemv', 'gemv_tc', 'mma', 'wgmma' or 'dequant' for an activation with m rows of a k-bit layer
     (weights: in x out of the layer; wgmma: whether the Hopper kernels (wgmma, tensor-core GEMV) can
     run here, ops.wgmma_ok outside deterministic mode). k = 5 keeps the GEMV up to GEMV_MAX_M rows:
-    the table thresholds assume the MMA variant 5, which covers k <= 4 only."""
+    the table thresholds assume the MMA variant 5 and the tensor-core GEMV, which cover k <= 4 only;
+    its wgmma rows are WGMMA_RULES_K5 (weights None: a large layer)."""
     if wgmma and k <= 4 and weights is not None and rule_takes(TC_ROWS.get(capability, ()), weights, m):
         return "gemv_tc"
     gemv_max, mma_max = thresholds(capability)
     if m <= (min(gemv_max, GEMV_MAX_M) if k <= 4 else GEMV_MAX_M):
         return "gemv"
     small = weights is not None and weights <= MMA_SMALL_LAYER
+    if wgmma and k > 4 and rule_takes(WGMMA_RULES_K5.get(capability, ()), 1 << 62 if weights is None else weights, m):
+        return "wgmma"
     wg_first, wg_last = WGMMA_ROWS.get(capability, (0, -1))
     if wgmma and k <= 4 and wg_first <= m <= wg_last and not small:
         return "wgmma"
@@ -294,7 +308,7 @@ def choose_grouped_path(rows: int, n_exp: int, capability: tuple[int, int]) -> s
     return "gemv" if grouped_rows_per_expert(rows, n_exp) <= gemv_max else "mma"
 
 
-# Where the kbit grouped op takes the Hopper grouped wgmma kernel (k <= 4, ops.wgmma_ok): any
+# Where the kbit grouped op takes the Hopper grouped wgmma kernel (ops.wgmma_ok): any
 # (rows per expert at least, total rows at least) entry met. H200 session 10, bench_moe.py k=4 fp16,
 # gate + down µs, op before (GEMV / MMA) -> wgmma: seed8 (8 experts 2048x512 / 512x2048) T=4 (4
 # rows per expert) 16.8 -> 20.0, T=8 25.0 -> 20.3, T=16 29.8 -> 21.4, T=64 36.0 -> 30.1, T=512

@@ -171,10 +171,11 @@ _WG_DEV: dict[int, bool] = {}  # device index -> compute capability 9.0 with an 
 
 
 def wgmma_ok(dev: torch.device | str, k: int) -> bool:
-    """Whether the Hopper kernel (wgmma, sm_90a only) serves k bits on dev: k <= 4 (pair-table
-    decode), compute capability 9.0, and a library built for sm_90a (an sm_90 build has no wgmma).
-    The device part is looked up once per device (kbit_linear asks on every call)."""
-    if k > 4:
+    """Whether the Hopper kernels (wgmma, sm_90a only) serve k bits on dev: k <= 5 (the wgmma kernels
+    decode by pair table, k = 5 by its 10-bit one; the tensor-core GEMV also needs k <= 4:
+    gemv_tc_ctas), compute capability 9.0, and a library built for sm_90a (an sm_90 build has no
+    wgmma). The device part is looked up once per device (kbit_linear asks on every call)."""
+    if k > 5:
         return False
     dev = torch.device(dev)
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
@@ -206,7 +207,7 @@ def path_ok(dev: torch.device, path: str, k: int, m: int) -> bool:
     if path == "wgmma":
         return wgmma_ok(dev, k)
     if path == "gemv_tc":
-        return 0 < m <= TC_MAX_M and wgmma_ok(dev, k)
+        return 0 < m <= TC_MAX_M and k <= TC_MAX_K and wgmma_ok(dev, k)
     return mma_variant_ok(MMA_VARIANTS.get(path, 0), k, m)
 
 
@@ -256,6 +257,7 @@ def gemv_sk_ctas(dev: torch.device, sfx: str, k: int, m: int, out_features: int,
 # M <= 8 (x rows are the mma's 8 columns).
 TC_WARPS = 16
 TC_MAX_M = 8
+TC_MAX_K = 4  # the 256-code pair table
 # Units per warp at least: a smaller grid where the layer is small, as each warp's first units wait
 # out the whole load latency and a tile split over many warps costs each of them a reduction.
 TC_MIN_UNITS = 2
@@ -266,7 +268,7 @@ def gemv_tc_ctas(dev: torch.device, sfx: str, k: int, m: int, out_features: int,
     """CTAs of the tensor-core GEMV: one wave or fewer, so that each warp has TC_MIN_UNITS units
     where the layer allows; 0 where it cannot run (k > 4, M > 8, not Hopper / sm_90a, or fewer
     units than one CTA's warps)."""
-    if not 0 < m <= TC_MAX_M or not wgmma_ok(dev, k):
+    if not 0 < m <= TC_MAX_M or k > TC_MAX_K or not wgmma_ok(dev, k):
         return 0
     key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, sfx)
     if key not in _TC_OCC:
@@ -338,7 +340,7 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
         return stream_k("gemv_tc", ctas)
     if path == "wgmma":
         if not wgmma_ok(dev, k):
-            raise ValueError(f"kbit_linear wgmma path takes k <= 4 on compute capability 9.0, got k={k} on "
+            raise ValueError(f"kbit_linear wgmma path takes k <= 5 on compute capability 9.0, got k={k} on "
                              f"{torch.cuda.get_device_capability(dev)}")
         rows, ctas, row_tiles = wgmma_config(dev, sfx, k, m, out_features, nb)
         # Partial row tiles: a zeroed fp32 accumulator per row tile and a counter (both left zeroed).
@@ -477,7 +479,7 @@ def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
     experts (k <= 4, outside deterministic mode) unless few experts' weights are read
     (dispatch.grouped_slot_gemv), else the slot GEMV; "gemv_sk" / "gemv_slot" name one of them
     (gemv_sk falls back as gemv does where stream-K is not usable); "mma" the grouped MMA (row tile
-    bm, default by the expected rows per expert); "wgmma" the Hopper kernel (k <= 4, wgmma_ok; bm
+    bm, default by the expected rows per expert); "wgmma" the Hopper kernel (wgmma_ok; bm
     its row tile of 16, 32 or 64). mp forces the stream-K GEMV's rows per pass (1..4). Public so
     tests and benchmarks can run every path; out, if given, receives the result (tests poison it).
     """
@@ -514,7 +516,7 @@ def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
         return y
     if path == "wgmma":
         if not wgmma_ok(dev, k):
-            raise ValueError(f"kbit_grouped_linear wgmma path takes k <= 4 on compute capability 9.0 with an sm_90a "
+            raise ValueError(f"kbit_grouped_linear wgmma path takes k <= 5 on compute capability 9.0 with an sm_90a "
                              f"library, got k={k} on {torch.cuda.get_device_capability(dev)}")
         r, items, splits = dispatch.grouped_wgmma_config(rows, n_exp, in_f, out_features, _sms(dev), k, bm)
         ws = scratch(dev, "partials", splits * rows * out_features) if splits > 1 else None
