@@ -572,7 +572,7 @@ def kbit_grouped_linear(x: torch.Tensor, packed_tiled: torch.Tensor, absmax_tile
     dev = x.device
     cap = torch.cuda.get_device_capability(dev)
     path = dispatch.choose_grouped_path(x2.shape[0], packed_tiled.shape[0], cap)
-    if dispatch.grouped_wgmma_rows(x2.shape[0], packed_tiled.shape[0], cap) and wgmma_ok(dev, k):
+    if dispatch.grouped_wgmma_rows(x2.shape[0], packed_tiled.shape[0], cap, k) and wgmma_ok(dev, k):
         path = "wgmma"  # its split-K sums in a fixed order: deterministic mode keeps it
     if path != "gemv" and prefers_dequant(x2.shape[0], packed_tiled.shape[0], x2.dtype, cap, out_features,
                                           wgmma_ok(dev, k)):
