@@ -206,7 +206,7 @@ def test_kbit_grouped_wgmma_rows() -> None:
     assert dispatch.grouped_wgmma_rows(512, 128, (9, 0))      # Qwen3-MoE at 64 tokens: 4 per expert
     assert not dispatch.grouped_wgmma_rows(128, 128, (9, 0))  # 1 row per expert: the GEMV
     assert not dispatch.grouped_wgmma_rows(4096, 8, (8, 0))
-    # k = 5: also from 32 rows over many experts (its slot GEMV reads every active expert per row)
+    # k = 5: also from 32 rows over many experts (its only GEMV there is the lane-shuffle slot GEMV)
     assert dispatch.grouped_wgmma_rows(32, 128, (9, 0), k=5)     # Qwen3-MoE at 4 tokens
     assert not dispatch.grouped_wgmma_rows(32, 128, (9, 0))
     assert not dispatch.grouped_wgmma_rows(16, 128, (9, 0), k=5)  # 2 tokens: the GEMV

@@ -316,8 +316,8 @@ def choose_grouped_path(rows: int, n_exp: int, capability: tuple[int, int]) -> s
 # T=64 (4, 512 rows) 163.2 -> 134.8, T=256 (16) 191.2 -> 203.4, T=512 (32) 275.1 -> 215.1, T=1024
 # 408.5 -> 250.6.
 GROUPED_WGMMA_ROWS: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {(9, 0): ((8, 0), (4, 256))}
-# k = 5 (the GEMVs decode it by lane shuffle, and its slot GEMV reads every active expert's weights
-# for each row): (rows per expert at least, total rows at least, experts at least). H200 2026-11-27
+# k = 5 (no stream-K grouped GEMV, whose table decode takes k <= 4; the slot GEMV decodes it by lane
+# shuffle): (rows per expert at least, total rows at least, experts at least). H200 2026-11-27
 # session 26, bench_moe.py k=5 gate + down µs, op (slot GEMV) / wgmma, fp16 and bf16: qwen128 T=1
 # (8 rows) 10.8 / 11.3, 10.4 / 11.6; T=2 19.2 / 15.2, 15.4 / 17.8; T=4 (32 rows, 1 per expert)
 # 36.4 / 22.5, 28.0 / 26.3; T=8 66.8 / 44.6, 51.9 / 41.1; seed8 (8 experts) T=4 (4 per expert) 10.1 /
