@@ -360,7 +360,7 @@ def test_graph_replay_equals_eager(m, dtype, deterministic, monkeypatch):
 TC_SHAPES = ((4096, 300), (32, 4100), (1312, 2053), (8192, 1024))
 
 
-@pytest.mark.parametrize("k", (2, 3, 4))
+@pytest.mark.parametrize("k", (2, 3, 4, 5))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("in_f,out_f", TC_SHAPES)
 def test_gemv_tc_matches_reference(k, dtype, in_f, out_f):
@@ -388,11 +388,11 @@ def test_gemv_tc_rejects():
     dev = torch.device(DEV)
     if not cuda_ops.wgmma_ok(dev, 4):
         pytest.skip("tensor-core GEMV needs compute capability 9.0 and an sm_90a library")
-    for k, m, in_f, out_f in ((5, 1, 4096, 512), (4, 9, 4096, 512), (4, 1, 32, 128)):
+    for k, m, in_f, out_f in ((5, 9, 4096, 512), (4, 9, 4096, 512), (4, 1, 32, 128)):
         packed, absmax, cb = _weights(out_f, in_f, k)
         pt, at = ops.kbit_repack(packed, absmax, k)
         x = torch.randn(m, in_f, device=DEV, dtype=torch.float16)
-        with pytest.raises(ValueError, match="gemv_tc path takes k <= 4, M <= 8"):
+        with pytest.raises(ValueError, match="gemv_tc path takes k <= 5, M <= 8"):
             cuda_ops.linear_path(x, pt, at, cb, None, k, out_f, "gemv_tc")
 
 

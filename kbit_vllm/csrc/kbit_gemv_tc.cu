@@ -1,4 +1,4 @@
-// kbit tensor-core GEMV for M = 1..8 rows of x, k = 2..4 (Hopper, sm_90a): y[m, o] = sum_i x[m, i]
+// kbit tensor-core GEMV for M = 1..8 rows of x, k = 2..5 (Hopper, sm_90a): y[m, o] = sum_i x[m, i]
 // W[o, i] (+ bias), reading the tiled layout (kbit_tile.cuh: packed_tiled [n_tiles, nb, k, 128],
 // absmax_tiled [n_tiles, nb, 128]) as is.
 //
@@ -23,12 +23,14 @@
 // wide pair table (one byte permute, one shared load) unscaled: as a unit is one block, the mma
 // sums the block's products in fp32 and the feature's scale multiplies that sum (one FMA per
 // output and x row), not every weight pair. x row n is B's column n, read from global memory (L1 /
-// L2) one unit ahead.
+// L2) one unit ahead. k = 5 looks its 10-bit pair codes up in the 32 KB table of kbit_lut5.cuh
+// (8 lane copies per code), which also leaves room for the warps' rings of 5-plane units.
 //
 // At the end of its segment of a tile a warp stores the tile (whole) or adds it into a zeroed fp32
 // accumulator in L2; the last warp to arrive (per-tile counter) stores y (+ bias) and leaves
 // accumulator and counter zero (stream_k.cuh). The addition order varies from run to run:
 // deterministic mode runs other kernels (backends/cuda/ops.py).
+#include "kbit_lut5.cuh"
 #include "kbit_mma_frag.cuh"
 #include "kbit_sk.cuh"
 #include "pdl.cuh"
@@ -41,15 +43,17 @@ namespace {
 constexpr int kTcWarps = 16;  // one CTA per SM: the 64 KB wide table is built once per SM
 constexpr int kTcThreads = kTcWarps * 32;
 constexpr int kTcStages = 4;  // ring slots per warp (kTcStages - 1 units in flight)
-constexpr int kTcTblBytes = (kWideLutWords + 256) * 4;  // wide pair table + scale table
 
 template <int K>
 struct TcCfg {
+    static constexpr int kTblWords = K == 5 ? kLut5Words : kWideLutWords;  // pair table, then 256 scales
+    static constexpr int kTblBytes = (kTblWords + 256) * 4;
     static constexpr int kUnitBytes = K * kTileN * 4 + kTileN;  // a unit's planes + absmax bytes
     static constexpr int kWarpBytes = kTcStages * kUnitBytes;
-    static constexpr int kBarOff = kTcTblBytes + kTcWarps * kWarpBytes;
+    static constexpr int kBarOff = kTblBytes + kTcWarps * kWarpBytes;
     static constexpr int kSmem = kBarOff + kTcWarps * kTcStages * 8;
     static_assert(kUnitBytes % 16 == 0 && kBarOff % 8 == 0, "bulk copy and mbarrier alignment");
+    static_assert(kSmem <= 227 * 1024, "one CTA per SM fits");
 };
 
 // M (1..8) only gates loads and stores, so it is a runtime argument.
@@ -72,8 +76,8 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     const long long u0 = sk_start(w, units, warps);
     const int n = static_cast<int>(sk_start(w + 1, units, warps) - u0);  // >= 1 (host check)
 
-    const uint32_t ring_s = ptx::smem_u32(smem_raw) + kTcTblBytes + warp * C::kWarpBytes;
-    const unsigned char* ring = smem_raw + kTcTblBytes + warp * C::kWarpBytes;
+    const uint32_t ring_s = ptx::smem_u32(smem_raw) + C::kTblBytes + warp * C::kWarpBytes;
+    const unsigned char* ring = smem_raw + C::kTblBytes + warp * C::kWarpBytes;
     const uint32_t bars = ptx::smem_u32(smem_raw) + C::kBarOff + warp * kTcStages * 8;
     long long lu = u0;  // next unit lane 0 loads
     auto issue = [&](int slot) {
@@ -93,15 +97,19 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     pdl_trigger();
     if (lane == 0)
         for (int s = 0; s < kTcStages - 1 && s < n; ++s) issue(s);
-    build_wide_lut<K, T, kWideLutWords / 256>(tbl, codebook);
+    if constexpr (K == 5)
+        build_k5_lut<T>(tbl, codebook, threadIdx.x, kTcThreads);
+    else
+        build_wide_lut<K, T, kWideLutWords / 256>(tbl, codebook);
     if (threadIdx.x < 256)  // the scale of absmax byte threadIdx.x
-        reinterpret_cast<float*>(tbl)[kWideLutWords + threadIdx.x] = decode_e4m4_fast(threadIdx.x);
+        reinterpret_cast<float*>(tbl)[C::kTblWords + threadIdx.x] = decode_e4m4_fast(threadIdx.x);
     __syncthreads();  // the tables; the only block barrier
     pdl_wait();
 
     const char* tblc = reinterpret_cast<const char*>(tbl);
-    const float* stbl = reinterpret_cast<const float*>(tbl) + kWideLutWords;
+    const float* stbl = reinterpret_cast<const float*>(tbl) + C::kTblWords;
     const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
+    const uint32_t copy4 = static_cast<uint32_t>(lane % kLut5Copies) * 4u;  // k = 5
     const int in = nb * 32;
     const T* xrow = x + static_cast<size_t>(r) * in + 2 * g;
     const size_t stride = static_cast<size_t>(n_tiles) * kTileN;  // accumulator row length
@@ -141,6 +149,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
                 pw[p] = *reinterpret_cast<const uint4*>(sl + (p * kTileN + 32 * j + 4 * r) * 4);
             const uint32_t ab = *reinterpret_cast<const uint32_t*>(sl + K * kTileN * 4 + 32 * j + 4 * r);
             uint32_t gw[4];  // group word (nibble n = field n) of feature 32j + 4r + e
+            uint32_t hi[4];  // k = 5: its pairs' fifth bits (k5_pair_hi)
             float sc[4];     // its block scale
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
@@ -148,6 +157,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 #pragma unroll
                 for (int p = 0; p < K; ++p) pv[p] = e == 0 ? pw[p].x : e == 1 ? pw[p].y : e == 2 ? pw[p].z : pw[p].w;
                 gw[e] = group_word<K>(pv, g);
+                hi[e] = K == 5 ? k5_pair_hi(pv[K - 1], g) : 0u;
                 sc[e] = stbl[__byte_perm(ab, 0u, 0x4440u | e)];
             }
 #pragma unroll
@@ -160,7 +170,9 @@ __global__ void __launch_bounds__(kTcThreads, 1)
                     uint32_t a[4];
 #pragma unroll
                     for (int v = 0; v < 4; ++v) {  // a0 / a1: pair 2kk of rows r / r + 8; a2 / a3: pair 2kk + 1
-                        const uint32_t off = wide_lut_off(gw[2 * jj + (v & 1)], 2 * kk + (v >> 1), lane4);
+                        const int e = 2 * jj + (v & 1), pair = 2 * kk + (v >> 1);
+                        const uint32_t off = K == 5 ? k5_lut_off(gw[e], hi[e], pair, copy4)
+                                                    : wide_lut_off(gw[e], pair, lane4);
                         a[v] = *reinterpret_cast<const uint32_t*>(tblc + off);
                     }
                     if (kk == 0)
@@ -257,13 +269,14 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 #endif
 }
 
-// The kernel for k bits (2..4, else nullptr) and its dynamic shared memory.
+// The kernel for k bits (2..5, else nullptr) and its dynamic shared memory.
 template <typename T>
 const void* tc_kernel(int k, int& smem) {
     switch (k) {
         case 2: smem = TcCfg<2>::kSmem; return reinterpret_cast<const void*>(kbit_gemv_tc_kernel<T, 2>);
         case 3: smem = TcCfg<3>::kSmem; return reinterpret_cast<const void*>(kbit_gemv_tc_kernel<T, 3>);
         case 4: smem = TcCfg<4>::kSmem; return reinterpret_cast<const void*>(kbit_gemv_tc_kernel<T, 4>);
+        case 5: smem = TcCfg<5>::kSmem; return reinterpret_cast<const void*>(kbit_gemv_tc_kernel<T, 5>);
         default: return nullptr;
     }
 }
@@ -271,7 +284,7 @@ const void* tc_kernel(int k, int& smem) {
 }  // namespace
 
 // Resident CTAs per SM of the kernel for k bits (for a one-wave grid; the same for every M); 0 where
-// it cannot run (k > 4, not sm_90a / 9.0).
+// it cannot run (k outside 2..5, not sm_90a / 9.0).
 template <typename T>
 int gemv_tc_ctas_per_sm(int k) {
     int smem = 0;

@@ -2,6 +2,7 @@
 // kbit_grouped_wgmma.cu, MoE): the tile and slot sizes, the shared tables, the loads of a stage
 // and the decode + wgmma of one landed stage. The design is described in kbit_wgmma.cu's header.
 #pragma once
+#include "kbit_lut5.cuh"
 #include "kbit_mma_frag.cuh"
 #include "kbit_sk.cuh"
 #include "wgmma_ptx.cuh"
@@ -13,12 +14,7 @@ constexpr int kWgBK = 2;               // quantization blocks per stage
 constexpr int kWgTW = 2;               // layout tiles per row tile (one per warpgroup)
 constexpr int kWgCols = kTileN * kWgTW;  // features per row tile
 constexpr int kWgLutWords = 256 * 32;  // compact pair table: one 128-byte row per pair code
-// k = 5: the pair code is 10 bits (two 4-bit low parts and the two fifth bits), 1024 codes of 8
-// lane copies each in the same 32 KB: copy lane % 8 of code c at word 8c + lane % 8. Lanes with
-// another copy never share a bank; the 4 lanes of one copy do when their codes differ and agree
-// mod 4 (random codes: about 2-3 wavefronts per lookup against 1 for the 32-copy k <= 4 table).
-constexpr int kWg5Copies = 8;
-static_assert(1024 * kWg5Copies == kWgLutWords, "the k = 5 table fills the k <= 4 table's words");
+static_assert(kLut5Words == kWgLutWords, "the k = 5 table (kbit_lut5.cuh) fills the k <= 4 table's words");
 // Shared memory two CTAs per SM may each take on sm_90 (228 KB per SM, 1 KB of it reserved per CTA).
 constexpr int kWgTwoCtaBytes = 113 * 1024;
 
@@ -61,49 +57,17 @@ struct KwLane {
         L.tw = warp >> 2;
         L.c0 = 32 * (warp & 3) + 4 * (lane >> 2);
         L.lane8 = static_cast<uint32_t>(lane) * 8u;
-        L.copy4 = static_cast<uint32_t>(lane % kWg5Copies) * 4u;
+        L.copy4 = static_cast<uint32_t>(lane % kLut5Copies) * 4u;
         return L;
     }
 };
-
-// k = 5 pair code c (10 bits): bits 0..3 and 4..7 are the low parts of the pair's first and
-// second field (byte i of the group word), bits 8 and 9 their fifth bits. Entry: (codebook[first],
-// codebook[second]) as two 16-bit values, the first in the low half (as the k <= 4 tables).
-template <typename T>
-__device__ __forceinline__ void build_k5_lut(uint32_t* tbl, const float* __restrict__ codebook, int tid) {
-    static_assert(kWg5Copies == 8, "two 16-byte stores per entry");
-    for (int c = tid; c < 1024; c += kWgThreads) {
-        const int lo = (c & 15) | ((c >> 8) & 1) << 4, hi = ((c >> 4) & 15) | ((c >> 9) & 1) << 4;
-        const uint32_t w = pack2<T>(__ldg(codebook + lo), __ldg(codebook + hi));
-        uint4* row = reinterpret_cast<uint4*>(tbl + c * kWg5Copies);
-        row[0] = make_uint4(w, w, w, w);
-        row[1] = make_uint4(w, w, w, w);
-    }
-}
-
-// k = 5: the fifth bits of group g's fields as the four pairs' high code bits, byte i = (bit of
-// field 2i) | (bit of field 2i + 1) << 1. Field n's fifth bit sits at bit (4n + g + 4) mod 32 of
-// plane word 4 (kbit_tile.cuh): rotated right by g + 4 (even fields) or g + 7 (odd ones).
-__device__ __forceinline__ uint32_t k5_pair_hi(uint32_t w4, int g) {
-    return (rotr32(w4, g + 4) & 0x01010101u) | (rotr32(w4, g + 7) & 0x02020202u);
-}
-
-// k = 5: byte offset of the table entry for pair byte i of group word gw whose high code bits are
-// byte i of hi (k5_pair_hi), lane copy included. prmt puts the pair byte in byte 0, the high bits
-// in byte 1 and zeros above (selector msb: the sign of hi's byte, which is 0).
-__device__ __forceinline__ uint32_t k5_lut_off(uint32_t gw, uint32_t hi, int i, uint32_t copy4) {
-    uint32_t c;
-    const uint32_t sel = static_cast<uint32_t>(i) | (4u + i) << 4 | (0xCu + i) << 8 | (0xCu + i) << 12;
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(c) : "r"(gw), "r"(hi), "r"(sel));
-    return c * (kWg5Copies * 4u) + copy4;
-}
 
 // The pair table (k <= 4: the compact [256][32] words; k = 5: build_k5_lut) and the scale-pair
 // table of all 256 absmax bytes, built by the CTA's 256 threads (the caller's barrier publishes them).
 template <int K, typename T>
 __device__ __forceinline__ void kw_build_tables(uint32_t* tbl, const float* __restrict__ codebook, int tid) {
     if constexpr (K == 5)
-        build_k5_lut<T>(tbl, codebook, tid);
+        build_k5_lut<T>(tbl, codebook, tid, kWgThreads);
     else
         build_wide_lut<K, T, kWgLutWords / 256>(tbl, codebook);
     const float sc = decode_e4m4_fast(static_cast<uint32_t>(tid));  // scale pair of absmax byte tid
