@@ -64,8 +64,8 @@ def test_kbit_gemv_rows_by_bits() -> None:
 
 def test_kbit_tensor_core_gemv_rows() -> None:
     """H200: the tensor-core GEMV takes M = 2..8 on the largest layers, fewer rows on smaller ones (M=2
-    only above 40 M weights), never M = 1 (the stream-K GEMV), k = 5, or where the Hopper kernels
-    cannot run (wgmma=False)."""
+    only above 40 M weights), never M = 1 (the stream-K GEMV), or where the Hopper kernels cannot run
+    (wgmma=False); k = 5 has its own rows (test_kbit5_hopper_rules)."""
     big, down, mid, small, tiny = 4096 * 28672, 14336 * 4096, 4096 * 6144, 2048 * 5120, 2048 * 512
     assert [dispatch.choose_path(m, (9, 0), big, 4, wgmma=True) for m in (1, 2, 8, 9)] == [
         "gemv", "gemv_tc", "gemv_tc", "mma"]
@@ -74,7 +74,7 @@ def test_kbit_tensor_core_gemv_rows() -> None:
         "gemv", "gemv_tc", "gemv_tc", "mma"]
     assert [dispatch.choose_path(m, (9, 0), small, 2, wgmma=True) for m in (2, 3)] == ["gemv", "gemv"]
     assert dispatch.choose_path(2, (9, 0), tiny, 4, wgmma=True) == "gemv"
-    assert dispatch.choose_path(2, (9, 0), big, 5, wgmma=True) == "gemv"
+    assert dispatch.choose_path(2, (9, 0), big, 5, wgmma=True) == "gemv_tc"  # k = 5: TC_ROWS_K5
     assert dispatch.choose_path(2, (9, 0), big, 4, wgmma=False) == "gemv"
     assert dispatch.choose_path(2, (8, 0), big, 4, wgmma=True) == "gemv"
     assert dispatch.rule_takes(((10, 2, 4),), 11, 3) and not dispatch.rule_takes(((10, 2, 4),), 10, 3)
@@ -95,19 +95,25 @@ def test_kbit_wgmma_rows() -> None:
     assert dispatch.choose_path(first, (8, 0), big, 4, wgmma=True) != "wgmma"
 
 
-def test_kbit5_wgmma_rules() -> None:
-    """H200, k = 5 (no MMA variant 5, no tensor-core GEMV): the wgmma kernel from M = 5, up to 192 rows
-    on layers above 40 M weights, 128 above MMA_SMALL_LAYER, 64 on small ones; dequantize + cuBLAS
-    past them, the GEMV below, the MMA where the Hopper kernels cannot run."""
-    big, mid, small = 4096 * 28672, 4096 * 6144, 2048 * 5120
-    assert [dispatch.choose_path(m, (9, 0), big, 5, wgmma=True) for m in (4, 5, 64, 192, 193)] == [
-        "gemv", "wgmma", "wgmma", "wgmma", "dequant"]
-    assert [dispatch.choose_path(m, (9, 0), mid, 5, wgmma=True) for m in (5, 128, 129)] == [
-        "wgmma", "wgmma", "dequant"]
-    assert [dispatch.choose_path(m, (9, 0), small, 5, wgmma=True) for m in (5, 64, 65)] == [
-        "wgmma", "wgmma", "dequant"]
+def test_kbit5_hopper_rules() -> None:
+    """H200, k = 5 (no MMA variant 5, no stream-K GEMV): the tensor-core GEMV at M = 1..4 above 100 M
+    weights and 1..2 above 40 M, then the wgmma kernel up to 192 rows; from M = 2 up to 128 rows above
+    20 M weights, from 3 up to 128 above MMA_SMALL_LAYER and up to 64 on small layers; the
+    lane-shuffle GEMV below, dequantize + cuBLAS past them, the GEMV / MMA where the Hopper kernels
+    cannot run."""
+    big, down, qkv, o, small = 4096 * 28672, 14336 * 4096, 4096 * 6144, 4096 * 4096, 2048 * 5120
+    assert [dispatch.choose_path(m, (9, 0), big, 5, wgmma=True) for m in (1, 4, 5, 64, 192, 193)] == [
+        "gemv_tc", "gemv_tc", "wgmma", "wgmma", "wgmma", "dequant"]
+    assert [dispatch.choose_path(m, (9, 0), down, 5, wgmma=True) for m in (1, 2, 3, 192)] == [
+        "gemv_tc", "gemv_tc", "wgmma", "wgmma"]
+    assert [dispatch.choose_path(m, (9, 0), qkv, 5, wgmma=True) for m in (1, 2, 128, 129)] == [
+        "gemv", "wgmma", "wgmma", "dequant"]
+    assert [dispatch.choose_path(m, (9, 0), o, 5, wgmma=True) for m in (2, 3, 128)] == ["gemv", "wgmma", "wgmma"]
+    assert [dispatch.choose_path(m, (9, 0), small, 5, wgmma=True) for m in (2, 3, 64, 65)] == [
+        "gemv", "wgmma", "wgmma", "dequant"]
     assert dispatch.choose_path(8, (9, 0), None, 5, wgmma=True) == "wgmma"
-    assert [dispatch.choose_path(m, (9, 0), big, 5, wgmma=False) for m in (5, 64, 65)] == ["mma", "mma", "dequant"]
+    assert [dispatch.choose_path(m, (9, 0), big, 5, wgmma=False) for m in (1, 4, 5, 64, 65)] == [
+        "gemv", "gemv", "mma", "mma", "dequant"]
     assert dispatch.choose_path(8, (8, 0), big, 5, wgmma=True) == "mma"
 
 

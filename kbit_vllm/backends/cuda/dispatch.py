@@ -88,16 +88,25 @@ MMA_SMALL_LAYER = 12 * 1024 * 1024
 WGMMA_ROWS: dict[tuple[int, int], tuple[int, int]] = {
     (9, 0): (17, 192),
 }
-# k = 5 (its 10-bit pair table, kbit_wgmma_tile.cuh): rules (layer weights above, first row, last
-# row), the first rule the layer is above decides. Its other kernels from M = 5 are the MMA's
-# variant 2 and dequantize + cuBLAS. H200 2026-11-27 session 26, bf16 behind a writer of x, µs
+# k = 5 (its 10-bit pair table, csrc/kbit_lut5.cuh), which has no stream-K table GEMV and no MMA
+# variant 5: rules (layer weights above, first row, last row), the first rule the layer is above
+# decides; the tensor-core GEMV's (TC_ROWS_K5) come first, the lane-shuffle GEMV and the MMA's
+# variant 2 take what neither takes. H200 2026-11-27 session 26, bf16 behind a writer of x, µs
 # wgmma / MMA v2 / dequantize + cuBLAS (cuBLAS bf16): 4096x28672 M=5 48.0 / 77.6, M=8 47.4 / 79.0
 # (61.7), M=64 60.5 / 99.4 (65.6), M=128 106.6 / 152.7 (dequantize), M=192 149.4 / 163.9;
 # 14336x4096 M=8 27.8 / 43.1 (34.3), M=192 82.1 / 91.6; 4096x6144 M=8 16.0 / 22.1 (16.9), M=128
 # 35.0 / 36.2, M=192 48.2 / 43.2; 4096x4096 M=128 26.2 / 27.7, M=192 34.9 / 31.8; 2048x5120 (10 M)
-# M=8 11.0 / 14.2, M=64 14.6 / 19.0 / 15.1, M=128 19.9 / 15.5; 5120x2048 M=64 15.4 / 18.6.
+# M=8 11.0 / 14.2, M=64 14.6 / 19.0 / 15.1, M=128 19.9 / 15.5; 5120x2048 M=64 15.4 / 18.6. At M <=
+# 4, µs tensor-core GEMV / wgmma / lane-shuffle GEMV: 4096x28672 M=1 43.7 / 47.5 / 51.3, M=4 47.5 /
+# 48.3 / 76.2; 14336x4096 M=1 26.5 / 27.3 / 31.8, M=2 27.3 / 27.7 / 34.4, M=3 27.6 / 27.5 / 39.4;
+# 4096x6144 M=1 16.0 / 15.8 / 16.0, M=2 16.5 / 16.0 / 18.3; 4096x4096 M=2 13.8 / 13.4 / 11.9, M=3
+# 14.9 / 13.4 / 13.7; 2048x5120 M=2 12.1 / 11.1 / 10.5, M=3 12.4 / 11.0 / 11.8; 5120x2048 M=2 12.7 /
+# 10.6 / 12.7, M=3 12.8 / 10.8 / 14.9.
 WGMMA_RULES_K5: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((40 << 20, 5, 192), (MMA_SMALL_LAYER, 5, 128), (0, 5, 64)),
+    (9, 0): ((40 << 20, 1, 192), (20 << 20, 2, 128), (MMA_SMALL_LAYER, 3, 128), (0, 3, 64)),
+}
+TC_ROWS_K5: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
+    (9, 0): ((100 << 20, 1, 4), (40 << 20, 1, 2)),
 }
 
 # Layers (weights at most, first row) on which the wgmma kernel runs one CTA per SM instead of a
@@ -186,17 +195,18 @@ def choose_path(m: int, capability: tuple[int, int], weights: int | None = None,
                 wgmma: bool = False) -> str:
     """'gemv', 'gemv_tc', 'mma', 'wgmma' or 'dequant' for an activation with m rows of a k-bit layer
     (weights: in x out of the layer; wgmma: whether the Hopper kernels (wgmma, tensor-core GEMV) can
-    run here, ops.wgmma_ok outside deterministic mode). k = 5 keeps the GEMV up to GEMV_MAX_M rows:
-    the table thresholds assume the MMA variant 5 and the tensor-core GEMV, which cover k <= 4 only;
-    its wgmma rows are WGMMA_RULES_K5 (weights None: a large layer)."""
-    if wgmma and k <= 4 and weights is not None and rule_takes(TC_ROWS.get(capability, ()), weights, m):
+    run here, ops.wgmma_ok outside deterministic mode). The table thresholds assume the MMA variant 5,
+    which covers k <= 4 only: k = 5 has its own rules (TC_ROWS_K5, WGMMA_RULES_K5; weights None: a
+    large layer) and the GEMV up to GEMV_MAX_M rows where they take none."""
+    tc_rows = TC_ROWS if k <= 4 else TC_ROWS_K5
+    if wgmma and weights is not None and rule_takes(tc_rows.get(capability, ()), weights, m):
         return "gemv_tc"
+    if wgmma and k > 4 and rule_takes(WGMMA_RULES_K5.get(capability, ()), 1 << 62 if weights is None else weights, m):
+        return "wgmma"
     gemv_max, mma_max = thresholds(capability)
     if m <= (min(gemv_max, GEMV_MAX_M) if k <= 4 else GEMV_MAX_M):
         return "gemv"
     small = weights is not None and weights <= MMA_SMALL_LAYER
-    if wgmma and k > 4 and rule_takes(WGMMA_RULES_K5.get(capability, ()), 1 << 62 if weights is None else weights, m):
-        return "wgmma"
     wg_first, wg_last = WGMMA_ROWS.get(capability, (0, -1))
     if wgmma and k <= 4 and wg_first <= m <= wg_last and not small:
         return "wgmma"

@@ -171,10 +171,10 @@ _WG_DEV: dict[int, bool] = {}  # device index -> compute capability 9.0 with an 
 
 
 def wgmma_ok(dev: torch.device | str, k: int) -> bool:
-    """Whether the Hopper kernels (wgmma, sm_90a only) serve k bits on dev: k <= 5 (the wgmma kernels
-    decode by pair table, k = 5 by its 10-bit one; the tensor-core GEMV also needs k <= 4:
-    gemv_tc_ctas), compute capability 9.0, and a library built for sm_90a (an sm_90 build has no
-    wgmma). The device part is looked up once per device (kbit_linear asks on every call)."""
+    """Whether the Hopper kernels (wgmma, tensor-core GEMV; sm_90a only) serve k bits on dev: k <= 5
+    (pair-table decode, k = 5 by its 10-bit table), compute capability 9.0, and a library built for
+    sm_90a (an sm_90 build has no wgmma). The device part is looked up once per device (kbit_linear
+    asks on every call)."""
     if k > 5:
         return False
     dev = torch.device(dev)
@@ -252,12 +252,12 @@ def gemv_sk_ctas(dev: torch.device, sfx: str, k: int, m: int, out_features: int,
                                   SK_MIN_UNITS.get(m), forced)
 
 
-# Tensor-core GEMV (csrc/kbit_gemv_tc.cu, Hopper, k <= 4): a work unit is one (128-feature layout
+# Tensor-core GEMV (csrc/kbit_gemv_tc.cu, Hopper, k <= 5): a work unit is one (128-feature layout
 # tile, 32-input block), split evenly over the warps of one wave (one CTA of TC_WARPS warps per SM);
 # M <= 8 (x rows are the mma's 8 columns).
 TC_WARPS = 16
 TC_MAX_M = 8
-TC_MAX_K = 4  # the 256-code pair table
+TC_MAX_K = 5  # k = 5 through the 10-bit pair table (csrc/kbit_lut5.cuh)
 # Units per warp at least: a smaller grid where the layer is small, as each warp's first units wait
 # out the whole load latency and a tile split over many warps costs each of them a reduction.
 TC_MIN_UNITS = 2
@@ -266,7 +266,7 @@ _TC_OCC: dict[tuple[int, int, str], int] = {}
 
 def gemv_tc_ctas(dev: torch.device, sfx: str, k: int, m: int, out_features: int, nb: int) -> int:
     """CTAs of the tensor-core GEMV: one wave or fewer, so that each warp has TC_MIN_UNITS units
-    where the layer allows; 0 where it cannot run (k > 4, M > 8, not Hopper / sm_90a, or fewer
+    where the layer allows; 0 where it cannot run (k > 5, M > 8, not Hopper / sm_90a, or fewer
     units than one CTA's warps)."""
     if not 0 < m <= TC_MAX_M or k > TC_MAX_K or not wgmma_ok(dev, k):
         return 0
@@ -333,7 +333,7 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
     if path == "gemv_tc":
         ctas = gemv_tc_ctas(dev, sfx, k, m, out_features, nb)
         if ctas == 0:
-            raise ValueError(f"kbit_linear gemv_tc path takes k <= 4, M <= {TC_MAX_M} and >= {TC_WARPS} "
+            raise ValueError(f"kbit_linear gemv_tc path takes k <= {TC_MAX_K}, M <= {TC_MAX_M} and >= {TC_WARPS} "
                              f"(tile, block) units on compute capability 9.0 with an sm_90a library, got k={k}, "
                              f"M={m}, units={((out_features + 127) // 128) * nb}, capability "
                              f"{torch.cuda.get_device_capability(dev)}")
