@@ -318,20 +318,20 @@ def choose_grouped_path(rows: int, n_exp: int, capability: tuple[int, int]) -> s
     return "gemv" if grouped_rows_per_expert(rows, n_exp) <= gemv_max else "mma"
 
 
-# Where the kbit grouped op takes the Hopper grouped wgmma kernel (ops.wgmma_ok): any
-# (rows per expert at least, total rows at least) entry met. H200 session 10, bench_moe.py k=4 fp16,
-# gate + down µs, op before (GEMV / MMA) -> wgmma: seed8 (8 experts 2048x512 / 512x2048) T=4 (4
+# Where the kbit grouped op takes the Hopper grouped wgmma kernel (ops.wgmma_ok): any (rows per
+# expert at least, total rows at least, experts at least) entry met. H200 session 10, bench_moe.py
+# k=4 fp16, gate + down µs, op before (GEMV / MMA) -> wgmma: seed8 (8 experts 2048x512 / 512x2048) T=4 (4
 # rows per expert) 16.8 -> 20.0, T=8 25.0 -> 20.3, T=16 29.8 -> 21.4, T=64 36.0 -> 30.1, T=512
 # 103.5 -> 64.0; qwen128 (128 experts 2048x768 / 768x2048) T=16 (1 row per expert) 85.4 -> 96.2,
 # T=64 (4, 512 rows) 163.2 -> 134.8, T=256 (16) 191.2 -> 203.4, T=512 (32) 275.1 -> 215.1, T=1024
 # 408.5 -> 250.6.
-GROUPED_WGMMA_ROWS: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {(9, 0): ((8, 0), (4, 256))}
+GROUPED_WGMMA_ROWS: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {(9, 0): ((8, 0, 0), (4, 256, 0))}
 # k = 5 (no stream-K grouped GEMV, whose table decode takes k <= 4; the slot GEMV decodes it by lane
-# shuffle): (rows per expert at least, total rows at least, experts at least). H200 2026-11-27
-# session 26, bench_moe.py k=5 gate + down µs, op (slot GEMV) / wgmma, fp16 and bf16: qwen128 T=1
-# (8 rows) 10.8 / 11.3, 10.4 / 11.6; T=2 19.2 / 15.2, 15.4 / 17.8; T=4 (32 rows, 1 per expert)
-# 36.4 / 22.5, 28.0 / 26.3; T=8 66.8 / 44.6, 51.9 / 41.1; seed8 (8 experts) T=4 (4 per expert) 10.1 /
-# 11.1, 9.3 / 11.2; T=8 takes it by the k <= 4 rule.
+# shuffle): the same entries and one more. H200 2026-11-27 session 26, bench_moe.py k=5 gate + down
+# µs, op (slot GEMV) / wgmma, fp16 and bf16: qwen128 T=1 (8 rows) 10.8 / 11.3, 10.4 / 11.6; T=2
+# 19.2 / 15.2, 15.4 / 17.8; T=4 (32 rows, 1 per expert) 36.4 / 22.5, 28.0 / 26.3; T=8 66.8 / 44.6,
+# 51.9 / 41.1; seed8 (8 experts) T=4 (4 per expert) 10.1 / 11.1, 9.3 / 11.2; T=8 takes it by the k
+# <= 4 rule.
 GROUPED_WGMMA_ROWS_K5: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
     (9, 0): ((8, 0, 0), (4, 256, 0), (1, 32, 64)),
 }
@@ -342,9 +342,8 @@ def grouped_wgmma_rows(rows: int, n_exp: int, capability: tuple[int, int], k: in
     wgmma kernel (where it can run) on this compute capability (GROUPED_WGMMA_ROWS, k = 5:
     GROUPED_WGMMA_ROWS_K5)."""
     per = grouped_rows_per_expert(rows, n_exp)
-    if k > 4:
-        return any(per >= p and rows >= r and n_exp >= e for p, r, e in GROUPED_WGMMA_ROWS_K5.get(capability, ()))
-    return any(per >= p and rows >= r for p, r in GROUPED_WGMMA_ROWS.get(capability, ()))
+    table = GROUPED_WGMMA_ROWS if k <= 4 else GROUPED_WGMMA_ROWS_K5
+    return any(per >= p and rows >= r and n_exp >= e for p, r, e in table.get(capability, ()))
 
 
 def pick_bm(rows_per_expert: int, table: tuple[tuple[int, int], ...], largest: int) -> int:

@@ -170,12 +170,15 @@ _WG_OCC: dict[tuple[int, int, str, int], int] = {}
 _WG_DEV: dict[int, bool] = {}  # device index -> compute capability 9.0 with an sm_90a library
 
 
+HOPPER_MAX_K = 5  # the wgmma kernels and the tensor-core GEMV (k = 5: csrc/kbit_lut5.cuh)
+
+
 def wgmma_ok(dev: torch.device | str, k: int) -> bool:
     """Whether the Hopper kernels (wgmma, tensor-core GEMV; sm_90a only) serve k bits on dev: k <= 5
     (pair-table decode, k = 5 by its 10-bit table), compute capability 9.0, and a library built for
     sm_90a (an sm_90 build has no wgmma). The device part is looked up once per device (kbit_linear
     asks on every call)."""
-    if k > 5:
+    if k > HOPPER_MAX_K:
         return False
     dev = torch.device(dev)
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
@@ -207,7 +210,7 @@ def path_ok(dev: torch.device, path: str, k: int, m: int) -> bool:
     if path == "wgmma":
         return wgmma_ok(dev, k)
     if path == "gemv_tc":
-        return 0 < m <= TC_MAX_M and k <= TC_MAX_K and wgmma_ok(dev, k)
+        return 0 < m <= TC_MAX_M and wgmma_ok(dev, k)
     return mma_variant_ok(MMA_VARIANTS.get(path, 0), k, m)
 
 
@@ -257,7 +260,6 @@ def gemv_sk_ctas(dev: torch.device, sfx: str, k: int, m: int, out_features: int,
 # M <= 8 (x rows are the mma's 8 columns).
 TC_WARPS = 16
 TC_MAX_M = 8
-TC_MAX_K = 5  # k = 5 through the 10-bit pair table (csrc/kbit_lut5.cuh)
 # Units per warp at least: a smaller grid where the layer is small, as each warp's first units wait
 # out the whole load latency and a tile split over many warps costs each of them a reduction.
 TC_MIN_UNITS = 2
@@ -268,7 +270,7 @@ def gemv_tc_ctas(dev: torch.device, sfx: str, k: int, m: int, out_features: int,
     """CTAs of the tensor-core GEMV: one wave or fewer, so that each warp has TC_MIN_UNITS units
     where the layer allows; 0 where it cannot run (k > 5, M > 8, not Hopper / sm_90a, or fewer
     units than one CTA's warps)."""
-    if not 0 < m <= TC_MAX_M or k > TC_MAX_K or not wgmma_ok(dev, k):
+    if not 0 < m <= TC_MAX_M or not wgmma_ok(dev, k):
         return 0
     key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, sfx)
     if key not in _TC_OCC:
@@ -333,15 +335,15 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
     if path == "gemv_tc":
         ctas = gemv_tc_ctas(dev, sfx, k, m, out_features, nb)
         if ctas == 0:
-            raise ValueError(f"kbit_linear gemv_tc path takes k <= {TC_MAX_K}, M <= {TC_MAX_M} and >= {TC_WARPS} "
+            raise ValueError(f"kbit_linear gemv_tc path takes k <= {HOPPER_MAX_K}, M <= {TC_MAX_M} and >= {TC_WARPS} "
                              f"(tile, block) units on compute capability 9.0 with an sm_90a library, got k={k}, "
                              f"M={m}, units={((out_features + 127) // 128) * nb}, capability "
                              f"{torch.cuda.get_device_capability(dev)}")
         return stream_k("gemv_tc", ctas)
     if path == "wgmma":
         if not wgmma_ok(dev, k):
-            raise ValueError(f"kbit_linear wgmma path takes k <= 5 on compute capability 9.0, got k={k} on "
-                             f"{torch.cuda.get_device_capability(dev)}")
+            raise ValueError(f"kbit_linear wgmma path takes k <= {HOPPER_MAX_K} on compute capability 9.0, got "
+                             f"k={k} on {torch.cuda.get_device_capability(dev)}")
         rows, ctas, row_tiles = wgmma_config(dev, sfx, k, m, out_features, nb)
         # Partial row tiles: a zeroed fp32 accumulator per row tile and a counter (both left zeroed).
         ws = scratch(dev, "accum", row_tiles * rows * WGMMA_TILE_COLS)
@@ -516,8 +518,8 @@ def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
         return y
     if path == "wgmma":
         if not wgmma_ok(dev, k):
-            raise ValueError(f"kbit_grouped_linear wgmma path takes k <= 5 on compute capability 9.0 with an sm_90a "
-                             f"library, got k={k} on {torch.cuda.get_device_capability(dev)}")
+            raise ValueError(f"kbit_grouped_linear wgmma path takes k <= {HOPPER_MAX_K} on compute capability 9.0 "
+                             f"with an sm_90a library, got k={k} on {torch.cuda.get_device_capability(dev)}")
         r, items, splits = dispatch.grouped_wgmma_config(rows, n_exp, in_f, out_features, _sms(dev), k, bm)
         ws = scratch(dev, "partials", splits * rows * out_features) if splits > 1 else None
         check(getattr(LIB, f"kbit_vllm_grouped_wgmma_{sfx}")(
