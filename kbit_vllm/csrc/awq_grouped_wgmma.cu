@@ -49,17 +49,16 @@ __global__ void __launch_bounds__(kAwThreads, 2)
     const uint32_t smem_s = (raw_s + 1023u) & ~1023u;
     const unsigned char* smem_aw = smem_raw + (smem_s - raw_s);
     const uint32_t bars = smem_s + C::kBarOff;
-    auto load = [&](int s) {  // stage st0 + s into its slot
+    auto load_part = [&](int s, int part) {  // part `part` of stage st0 + s into its slot (aw_load_part)
         const uint32_t base = smem_s + static_cast<uint32_t>((s % C::kSlots) * C::kSlotBytes);
-        const uint32_t bar = bars + (s % C::kSlots) * 8;
-        const int k0 = (st0 + s) * kAwBK;
-        aw_load_w<R>(base, bar, &tm_w, &tm_s, k0, wrow, srow0, t * kAwCols, gshift);
-        aw_load_x(base, bar, &tm_x, k0, xrow0);
+        aw_load_part<R>(part, base, bars + (s % C::kSlots) * 8, &tm_x, &tm_w, &tm_s, (st0 + s) * kAwBK, xrow0, wrow,
+                        srow0, t * kAwCols, gshift);
     };
     if (tid == 0) {
         for (int i = 0; i < C::kSlots; ++i) ptx::mbar_init(bars + i * 8, 1);
         ptx::mbar_init_fence();
-        for (int s = 0; s < C::kAhead && s < n; ++s) load(s);
+        for (int s = 0; s < C::kAhead && s < n; ++s)
+            for (int part = 0; part < kAwLoadParts; ++part) load_part(s, part);
     }
     __syncthreads();
 
@@ -74,7 +73,8 @@ __global__ void __launch_bounds__(kAwThreads, 2)
         const int slot = s % C::kSlots;
         ptx::mbar_wait(bars + slot * 8, static_cast<uint32_t>(s / C::kSlots) & 1u);  // stage s landed
         __syncthreads();  // every warp decoded stage s - 1 and its wgmmas of s - 2 are done
-        if (tid == 0 && s + C::kAhead < n) load(s + C::kAhead);
+        if (s + C::kAhead < n && (tid & 31) == 0 && (tid >> 5) < kAwLoadParts)  // one box per warp
+            load_part(s + C::kAhead, tid >> 5);
         aw_stage<T, R>(smem_aw + slot * C::kSlotBytes, smem_s + static_cast<uint32_t>(slot * C::kSlotBytes), L, acc,
                        a);
     }

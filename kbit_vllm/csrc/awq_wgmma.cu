@@ -74,19 +74,16 @@ __global__ void __launch_bounds__(kAwThreads, 2)
     const unsigned char* smem_aw = smem_raw + (smem_s - raw_s);
     const uint32_t bars = smem_s + C::kBarOff;
 
-    // Stage loads: thread 0 issues 5 TMA boxes per stage (x: R rows x 64 inputs; weights: 32
-    // column groups x 32 words per segment; scale pairs: 256 outputs of each segment's group) into
-    // a slot, all counted on the slot's mbarrier. Boxes past `in`, `out`, M or the last group
-    // read as zeros, so a half stage (in % 64 == 32) has zero scales and x in its second segment.
-    // The loader cursor names the next unit to load (row tile t, x row tile mt, stage st).
+    // Stage loads: 5 TMA boxes per stage (x: R rows x 64 inputs; weights: 32 column groups x 32
+    // words per segment; scale pairs: 256 outputs of each segment's group) into a slot, all counted
+    // on the slot's mbarrier, one per warp (aw_load_part). Boxes past `in`, `out`, M or the last
+    // group read as zeros, so a half stage (in % 64 == 32) has zero scales and x in its second
+    // segment. The loader cursor names the next unit to load (row tile t, x row tile mt, stage st);
+    // every thread tracks it.
     SkUnit lc = SkUnit::at(u0, nst, m_tiles);  // the next unit to load
-    auto load_w = [&](const SkUnit& n, int slot) {  // weights and scales (before pdl_wait allowed)
-        aw_load_w<R>(smem_s + static_cast<uint32_t>(slot * kAwSlotBytes), bars + slot * 8, &tm_w, &tm_s,
-                     n.st * kAwBK, n.t * kAwGroups, 0, n.t * kAwCols, gshift);
-    };
-    auto load_x = [&](const SkUnit& n, int slot) {
-        aw_load_x(smem_s + static_cast<uint32_t>(slot * kAwSlotBytes), bars + slot * 8, &tm_x, n.st * kAwBK,
-                  n.mt * kAwRows);
+    auto load_part = [&](const SkUnit& n, int slot, int part) {
+        aw_load_part<R>(part, smem_s + static_cast<uint32_t>(slot * kAwSlotBytes), bars + slot * 8, &tm_x, &tm_w,
+                        &tm_s, n.st * kAwBK, n.mt * kAwRows, n.t * kAwGroups, 0, n.t * kAwCols, gshift);
     };
 
     if (tid == 0) {
@@ -95,16 +92,16 @@ __global__ void __launch_bounds__(kAwThreads, 2)
     }
     __syncthreads();
     // Weights and scales (never written by another kernel) of the first stages load while the
-    // previous kernel may still run (PDL, pdl.cuh); x follows pdl_wait.
+    // previous kernel may still run (PDL, pdl.cuh); x and the expectation (part 0) follow pdl_wait.
     kbit::pdl_trigger();
     if (tid == 0) {
         SkUnit n = lc;
-        for (int s = 0; s < kAwAhead && u0 + s < u1; ++s, n.next(nst, m_tiles)) load_w(n, s);
+        for (int s = 0; s < kAwAhead && u0 + s < u1; ++s, n.next(nst, m_tiles))
+            for (int part = 1; part < kAwLoadParts; ++part) load_part(n, s, part);
     }
     kbit::pdl_wait();
-    if (tid == 0) {
-        for (int s = 0; s < kAwAhead && u0 + s < u1; ++s, lc.next(nst, m_tiles)) load_x(lc, s);
-    }
+    for (int s = 0; s < kAwAhead && u0 + s < u1; ++s, lc.next(nst, m_tiles))
+        if (tid == 0) load_part(lc, s, 0);
 
     const AwLane L = AwLane::make(tid);
     const int fl = L.fl;
@@ -124,10 +121,8 @@ __global__ void __launch_bounds__(kAwThreads, 2)
             const int slot = it % kAwSlots;
             ptx::mbar_wait(bars + slot * 8, static_cast<uint32_t>(it / kAwSlots) & 1u);  // stage it landed
             __syncthreads();  // every warp decoded stage it - 1 and its wgmmas of it - 2 are done
-            if (tid == 0 && u + kAwAhead < u1) {
-                const int ls = (it + kAwAhead) % kAwSlots;
-                load_w(lc, ls);
-                load_x(lc, ls);
+            if (u + kAwAhead < u1) {  // refill the slot of stage it - 2: one box per warp
+                if ((tid & 31) == 0 && (tid >> 5) < kAwLoadParts) load_part(lc, (it + kAwAhead) % kAwSlots, tid >> 5);
                 lc.next(nst, m_tiles);
             }
             aw_stage<T, R>(smem_aw + slot * kAwSlotBytes, smem_s + static_cast<uint32_t>(slot * kAwSlotBytes), L, acc, a);

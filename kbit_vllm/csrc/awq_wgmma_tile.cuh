@@ -139,24 +139,30 @@ __device__ __forceinline__ void aw_stage(const unsigned char* base, uint32_t bas
     }
 }
 
-// Weights and scale pairs of the stage at inputs k0 into the slot at base (counted on bar, with
-// the stage's x box): weight box rows wrow.. (column groups), scale box columns scol.. of pair row
-// srow0 + group of each segment.
+// A stage's 5 TMA boxes, issued by lane 0 of warps 0..4, one box each (part): one warp issuing all
+// of them every stage held the other warps at the next block barrier (as in kbit_wgmma_tile.cuh's
+// kw_load_part; RESULTS.md session 27). Part 0 expects the slot's bytes on bar and loads the x box
+// (R rows from xrow, inputs k0..k0 + 63); part 1 + seg the weight box of segment seg (rows wrow..,
+// column groups), part 3 + seg its scale pairs (columns scol.. of pair row srow0 + the segment's
+// group). A box may land before part 0's expectation: the transaction count goes negative and the
+// phase waits for the arrival.
+constexpr int kAwLoadParts = 5;
+
 template <int R>
-__device__ __forceinline__ void aw_load_w(uint32_t base, uint32_t bar, const CUtensorMap* tm_w, const CUtensorMap* tm_s,
-                                          int k0, int wrow, int srow0, int scol, int gshift) {
-    ptx::mbar_arrive_expect_tx(bar, AwCfg<R>::kSlotBytes);
-#pragma unroll
-    for (int seg = 0; seg < 2; ++seg) {
+__device__ __forceinline__ void aw_load_part(int part, uint32_t base, uint32_t bar, const CUtensorMap* tm_x,
+                                             const CUtensorMap* tm_w, const CUtensorMap* tm_s, int k0, int xrow,
+                                             int wrow, int srow0, int scol, int gshift) {
+    if (part == 0) {
+        ptx::mbar_arrive_expect_tx(bar, AwCfg<R>::kSlotBytes);
+        ptx::tma_load_2d(base, tm_x, k0, xrow, bar);
+    } else if (part <= 2) {
+        const int seg = part - 1;
         ptx::tma_load_2d(base + AwCfg<R>::kXBytes + seg * kAwWSeg, tm_w, k0 + 32 * seg, wrow, bar);
+    } else {
+        const int seg = part - 3;
         ptx::tma_load_2d(base + AwCfg<R>::kXBytes + 2 * kAwWSeg + seg * kAwSSeg, tm_s, scol,
                          srow0 + ((k0 + 32 * seg) >> gshift), bar);
     }
-}
-
-// The stage's x box (R rows from xrow, inputs k0..k0 + 63) into the slot at base.
-__device__ __forceinline__ void aw_load_x(uint32_t base, uint32_t bar, const CUtensorMap* tm_x, int k0, int xrow) {
-    ptx::tma_load_2d(base, tm_x, k0, xrow, bar);
 }
 #endif
 

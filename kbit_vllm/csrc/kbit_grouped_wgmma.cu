@@ -54,20 +54,22 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     uint32_t* tbl = reinterpret_cast<uint32_t*>(smem_wg);
     const unsigned char* stages = smem_wg + S::kSlotsOff;
     const uint32_t slots_s = smem_s + S::kSlotsOff, bars = smem_s + S::kBarOff;
-    auto load = [&](int s) {  // stage st0 + s into its slot
+    // Part `part` of stage st0 + s into its slot (kw_load_part; part 0 with the x box).
+    auto load_part = [&](int s, int part) {
         const int st = st0 + s, slot = s % S::kSlots;
         const size_t blk = blk0 + static_cast<size_t>(st) * kWgBK;
         const uint32_t base = slots_s + static_cast<uint32_t>(slot * S::kSlotBytes), bar = bars + slot * 8;
-        kw_load_w<K, R>(base, bar, packed_t + blk * K * kTileN, absmax_t + blk * kTileN, nb,
-                        min(kWgBK, nb - st * kWgBK), tiles);
-        ptx::tma_load_2d(base, &tm_x, st * kWgBK * 32, xrow0, bar);
+        kw_load_part<K, R>(part, base, bar, packed_t + blk * K * kTileN, absmax_t + blk * kTileN, nb,
+                           min(kWgBK, nb - st * kWgBK), tiles);
+        if (part == 0) ptx::tma_load_2d(base, &tm_x, st * kWgBK * 32, xrow0, bar);
     };
     // The first stages are requested before the tables are built, so the build hides under their
     // latency; the barrier after it publishes the tables and the initialized mbarriers.
     if (tid == 0) {
         for (int i = 0; i < S::kSlots; ++i) ptx::mbar_init(bars + i * 8, 1);
         ptx::mbar_init_fence();
-        for (int s = 0; s < S::kAhead && s < n; ++s) load(s);
+        for (int s = 0; s < S::kAhead && s < n; ++s)
+            for (int part = 0; part < kWgLoadParts; ++part) load_part(s, part);
     }
     kw_build_tables<K, T>(tbl, codebook, tid);
     __syncthreads();
@@ -83,7 +85,8 @@ __global__ void __launch_bounds__(kWgThreads, 2)
         const int slot = s % S::kSlots;
         ptx::mbar_wait(bars + slot * 8, static_cast<uint32_t>(s / S::kSlots) & 1u);  // stage s landed
         __syncthreads();  // every warp decoded stage s - 1 and its wgmmas of s - 2 are done
-        if (tid == 0 && s + S::kAhead < n) load(s + S::kAhead);
+        if (s + S::kAhead < n && (tid & 31) == 0 && (tid >> 5) < kWgLoadParts)  // one part per warp
+            load_part(s + S::kAhead, tid >> 5);
         kw_stage<T, K, R>(stages + slot * S::kSlotBytes, slots_s + static_cast<uint32_t>(slot * S::kSlotBytes), tbl, L,
                           acc, a);
     }

@@ -21,9 +21,9 @@
 //   features, R x rows), row tiles feature-major; partial row tiles as in kbit_mma.cu: fp32
 //   vector reductions into a zeroed accumulator, a per-tile counter, the last CTA writes y and
 //   leaves both zero. (No deterministic mode: backends/cuda picks kbit_mma.cu there.)
-// * Loads are asynchronous copies that thread 0 issues and a per-slot mbarrier counts in bytes: a
-//   bulk copy of each layout tile's plane words and of its absmax bytes (a stage's blocks are
-//   contiguous in the tiled layout) and a TMA box of the stage's x rows (R rows x 64 inputs,
+// * Loads are asynchronous copies that lane 0 of warps 0..4 issue, one copy each (kw_load_part),
+//   and a per-slot mbarrier counts in bytes: a bulk copy of each layout tile's plane words and of
+//   its absmax bytes (a stage's blocks are contiguous in the tiled layout) and a TMA box of the stage's x rows (R rows x 64 inputs,
 //   128-byte swizzle, read by the wgmmas through a swizzled K-major descriptor; rows past M and
 //   inputs past the layer read as zeros). The pair table is the compact one (one 128-byte row of
 //   32 lane copies per pair code, 32 KB); with it, 4 slots of x + weights + absmax take 102 KB at
@@ -79,37 +79,35 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     // layout tile past N or a block past nb is not copied: its stale weights are finite and meet
     // zero x, or feed outputs that are never stored. (With cp.async from every thread the loads
     // were the limiter: RESULTS.md, session 9.) Slot layout: [x][plane words][absmax].
-    SkUnit lc = SkUnit::at(u0, nst, m_tiles);  // the next unit to load
-    // Weights and absmax; the x box's bytes are expected here too (x follows in load_x).
-    auto load_w = [&](const SkUnit& n, int slot) {
+    SkUnit lc = SkUnit::at(u0, nst, m_tiles);  // the next unit to load (every thread tracks it)
+    // Part `part` of the stage of unit n into slot (kw_load_part; part 0 with the x box).
+    auto load_part = [&](const SkUnit& n, int slot, int part) {
         const size_t blk = static_cast<size_t>(n.t * kWgTW) * nb + n.st * kWgBK;
-        kw_load_w<K, R>(slots_s + static_cast<uint32_t>(slot * S::kSlotBytes), bars + slot * 8,
-                        packed_t + blk * K * kTileN, absmax_t + blk * kTileN, nb, min(kWgBK, nb - n.st * kWgBK),
-                        min(kWgTW, n_tiles - n.t * kWgTW));
-    };
-    auto load_x = [&](const SkUnit& n, int slot) {
-        ptx::tma_load_2d(slots_s + static_cast<uint32_t>(slot * S::kSlotBytes), &tm_x, n.st * kWgBK * 32,
-                         n.mt * kWgRows, bars + slot * 8);
+        const uint32_t base = slots_s + static_cast<uint32_t>(slot * S::kSlotBytes), bar = bars + slot * 8;
+        kw_load_part<K, R>(part, base, bar, packed_t + blk * K * kTileN, absmax_t + blk * kTileN, nb,
+                           min(kWgBK, nb - n.st * kWgBK), min(kWgTW, n_tiles - n.t * kWgTW));
+        if (part == 0) ptx::tma_load_2d(base, &tm_x, n.st * kWgBK * 32, n.mt * kWgRows, bar);
     };
 
     // The first stages' weights are requested, then the tables built, while the previous kernel
     // may still run (PDL, pdl.cuh); x follows pdl_wait. Weights first, so that after a kernel
     // without PDL (vLLM's norms and activations) the build hides under their latency: 1-3 µs per
     // call at M = 32..64 (RESULTS.md, session 14). The barrier after the build publishes the tables
-    // and the initialized mbarriers.
+    // and the initialized mbarriers. Part 0 (the expectation of the stage's bytes and the x box)
+    // follows pdl_wait; its weight parts may land before it (kw_load_part).
     pdl_trigger();
     if (tid == 0) {
         for (int i = 0; i < kWgSlots; ++i) ptx::mbar_init(bars + i * 8, 1);
         ptx::mbar_init_fence();
         SkUnit n = lc;
-        for (int s = 0; s < kWgAhead && u0 + s < u1; ++s, n.next(nst, m_tiles)) load_w(n, s);
+        for (int s = 0; s < kWgAhead && u0 + s < u1; ++s, n.next(nst, m_tiles))
+            for (int part = 1; part < kWgLoadParts; ++part) load_part(n, s, part);
     }
     kw_build_tables<K, T>(tbl, codebook, tid);
     __syncthreads();
     pdl_wait();
-    if (tid == 0) {
-        for (int s = 0; s < kWgAhead && u0 + s < u1; ++s, lc.next(nst, m_tiles)) load_x(lc, s);
-    }
+    for (int s = 0; s < kWgAhead && u0 + s < u1; ++s, lc.next(nst, m_tiles))
+        if (tid == 0) load_part(lc, s, 0);
 
     const KwLane L = KwLane::make(tid);
     const int tw = L.tw, c0 = L.c0;
@@ -129,10 +127,8 @@ __global__ void __launch_bounds__(kWgThreads, 2)
             const int slot = it % kWgSlots;
             ptx::mbar_wait(bars + slot * 8, static_cast<uint32_t>(it / kWgSlots) & 1u);  // stage it landed
             __syncthreads();  // every warp decoded stage it - 1 and its wgmmas of it - 2 are done
-            if (tid == 0 && u + kWgAhead < u1) {
-                const int ls = (it + kWgAhead) % kWgSlots;
-                load_w(lc, ls);
-                load_x(lc, ls);
+            if (u + kWgAhead < u1) {  // refill the slot of stage it - 2: one part per warp
+                if (lane == 0 && warp < kWgLoadParts) load_part(lc, (it + kWgAhead) % kWgSlots, warp);
                 lc.next(nst, m_tiles);
             }
             kw_stage<T, K, R>(stages + slot * S::kSlotBytes, slots_s + static_cast<uint32_t>(slot * S::kSlotBytes), tbl, L,

@@ -96,22 +96,34 @@ __device__ __forceinline__ void kw_read_planes(const unsigned char* slot, const 
 }
 
 #if defined(KBIT_WGMMA)
-// Weights and absmax of one stage into the slot at shared address base, counted on bar with the
-// stage's x box: `tiles` layout tiles (1 or 2) whose first tile's stage starts at packed / absmax,
+// Stage loads are split into kWgLoadParts copies so that lanes of different warps issue them (lane
+// 0 of warp `part`): each bulk copy takes ~20 issue slots of address and uniform-register work, and
+// one warp issuing all of them every stage held every other warp at the next block barrier (ncu,
+// RESULTS.md session 27). Part 0 expects the stage's bytes on bar (its x box's too: the caller
+// issues the x box with part 0); part 1 + 2 tw copies the plane words of layout tile tw, part 2 + 2 tw
+// its absmax bytes. `tiles` layout tiles (1 or 2) whose first tile's stage starts at packed / absmax,
 // later tiles nb blocks further; jn blocks (1 or 2). A layout tile or block not copied keeps stale
-// finite words that meet zero x or feed outputs never stored.
+// finite words that meet zero x or feed outputs never stored. A copy may land before part 0's
+// expectation: the mbarrier's transaction count goes negative and its phase waits for the arrival.
+constexpr int kWgLoadParts = 1 + 2 * kWgTW;
+
 template <int K, int R>
-__device__ __forceinline__ void kw_load_w(uint32_t base, uint32_t bar, const uint32_t* packed, const uint8_t* absmax,
-                                          int nb, int jn, int tiles) {
+__device__ __forceinline__ void kw_load_part(int part, uint32_t base, uint32_t bar, const uint32_t* packed,
+                                             const uint8_t* absmax, int nb, int jn, int tiles) {
     using S = WgCfg<K, R>;
-    ptx::mbar_arrive_expect_tx(bar, static_cast<uint32_t>(S::kXBytes + tiles * jn * (K * kTileN * 4 + kTileN)));
-    for (int tw = 0; tw < tiles; ++tw) {
-        const size_t blk = static_cast<size_t>(tw) * nb;
+    if (part == 0) {
+        ptx::mbar_arrive_expect_tx(bar, static_cast<uint32_t>(S::kXBytes + tiles * jn * (K * kTileN * 4 + kTileN)));
+        return;
+    }
+    const int tw = (part - 1) >> 1;
+    if (tw >= tiles) return;
+    const size_t blk = static_cast<size_t>(tw) * nb;
+    if (part & 1)
         ptx::bulk_copy(base + S::kXBytes + tw * S::kTileWords * 4, packed + blk * K * kTileN,
                        static_cast<uint32_t>(jn * K * kTileN * 4), bar);
+    else
         ptx::bulk_copy(base + S::kXBytes + S::kBWords * 4 + tw * kWgBK * kTileN, absmax + blk * kTileN,
                        static_cast<uint32_t>(jn * kTileN), bar);
-    }
 }
 
 // Decodes one landed stage (slot at generic pointer slot, shared address slot_s) into A fragments
