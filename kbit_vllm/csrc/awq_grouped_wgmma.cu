@@ -57,10 +57,10 @@ __global__ void __launch_bounds__(kAwThreads, 2)
     if (tid == 0) {
         for (int i = 0; i < C::kSlots; ++i) ptx::mbar_init(bars + i * 8, 1);
         ptx::mbar_init_fence();
-        for (int s = 0; s < C::kAhead && s < n; ++s)
-            for (int part = 0; part < kAwLoadParts; ++part) load_part(s, part);
     }
-    __syncthreads();
+    __syncthreads();  // the mbarriers are initialized before any copy counts on them
+    if ((tid & 31) == 0 && (tid >> 5) < kAwLoadParts)  // one box per warp, as in the loop
+        for (int s = 0; s < C::kAhead && s < n; ++s) load_part(s, tid >> 5);
 
     const AwLane L = AwLane::make(tid);
     float acc[2][R / 2];  // [m64 tile][fragment]

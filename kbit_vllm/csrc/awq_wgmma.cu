@@ -94,10 +94,9 @@ __global__ void __launch_bounds__(kAwThreads, 2)
     // Weights and scales (never written by another kernel) of the first stages load while the
     // previous kernel may still run (PDL, pdl.cuh); x and the expectation (part 0) follow pdl_wait.
     kbit::pdl_trigger();
-    if (tid == 0) {
+    if ((tid & 31) == 0 && (tid >> 5) >= 1 && (tid >> 5) < kAwLoadParts) {  // one box per warp, as in the loop
         SkUnit n = lc;
-        for (int s = 0; s < kAwAhead && u0 + s < u1; ++s, n.next(nst, m_tiles))
-            for (int part = 1; part < kAwLoadParts; ++part) load_part(n, s, part);
+        for (int s = 0; s < kAwAhead && u0 + s < u1; ++s, n.next(nst, m_tiles)) load_part(n, s, tid >> 5);
     }
     kbit::pdl_wait();
     for (int s = 0; s < kAwAhead && u0 + s < u1; ++s, lc.next(nst, m_tiles))
