@@ -54,14 +54,13 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     uint32_t* tbl = reinterpret_cast<uint32_t*>(smem_wg);
     const unsigned char* stages = smem_wg + S::kSlotsOff;
     const uint32_t slots_s = smem_s + S::kSlotsOff, bars = smem_s + S::kBarOff;
-    // Part `part` of stage st0 + s into its slot (kw_load_part; part 0 with the x box).
+    // Part `part` of stage st0 + s into its slot (kw_load_part).
     auto load_part = [&](int s, int part) {
         const int st = st0 + s, slot = s % S::kSlots;
         const size_t blk = blk0 + static_cast<size_t>(st) * kWgBK;
-        const uint32_t base = slots_s + static_cast<uint32_t>(slot * S::kSlotBytes), bar = bars + slot * 8;
-        kw_load_part<K, R>(part, base, bar, packed_t + blk * K * kTileN, absmax_t + blk * kTileN, nb,
+        kw_load_part<K, R>(part, slots_s + static_cast<uint32_t>(slot * S::kSlotBytes), bars + slot * 8, &tm_x,
+                           st * kWgBK * 32, xrow0, packed_t + blk * K * kTileN, absmax_t + blk * kTileN, nb,
                            min(kWgBK, nb - st * kWgBK), tiles);
-        if (part == 0) ptx::tma_load_2d(base, &tm_x, st * kWgBK * 32, xrow0, bar);
     };
     // The first stages are requested before the tables are built, so the build hides under their
     // latency; the barrier after it publishes the tables and the initialized mbarriers.

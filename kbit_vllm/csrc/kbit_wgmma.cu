@@ -23,14 +23,15 @@
 //   leaves both zero. (No deterministic mode: backends/cuda picks kbit_mma.cu there.)
 // * Loads are asynchronous copies that lane 0 of warps 0..4 issue, one copy each (kw_load_part),
 //   and a per-slot mbarrier counts in bytes: a bulk copy of each layout tile's plane words and of
-//   its absmax bytes (a stage's blocks are contiguous in the tiled layout) and a TMA box of the stage's x rows (R rows x 64 inputs,
-//   128-byte swizzle, read by the wgmmas through a swizzled K-major descriptor; rows past M and
-//   inputs past the layer read as zeros). The pair table is the compact one (one 128-byte row of
-//   32 lane copies per pair code, 32 KB); with it, 4 slots of x + weights + absmax take 102 KB at
-//   k=4 and R = 64 (6 slots at R <= 32): 2 CTAs per SM (128 registers at R = 64). (cp.async from every thread, with x in a 64 KB table's
-//   spare halves, was the limiter: RESULTS.md, session 9.) k = 5 looks its 10-bit pair codes up in
-//   a table of the same size with 8 lane copies per code (kbit_wgmma_tile.cuh) and keeps 2 CTAs
-//   per SM with 4 / 5 / 6 slots at R = 64 / 32 / 16.
+//   its absmax bytes (a stage's blocks are contiguous in the tiled layout) and a TMA box of the
+//   stage's x rows (R rows x 64 inputs, 128-byte swizzle, read by the wgmmas through a swizzled
+//   K-major descriptor; rows past M and inputs past the layer read as zeros). The pair table is the
+//   compact one (one 128-byte row of 32 lane copies per pair code, 32 KB); with it, 4 slots of x +
+//   weights + absmax take 102 KB at k=4 and R = 64 (6 slots at R <= 32): 2 CTAs per SM (128
+//   registers at R = 64). (cp.async from every thread, with x in a 64 KB table's spare halves, was
+//   the limiter: RESULTS.md, session 9.) k = 5 looks its 10-bit pair codes up in a table of the
+//   same size with 8 lane copies per code (kbit_wgmma_tile.cuh) and keeps 2 CTAs per SM with 4 / 5
+//   / 6 slots at R = 64 / 32 / 16.
 // * Stages are loaded 2 ahead of the one decoded: a slot is refilled only after every warp
 //   decoded it and waited for its wgmmas (a block barrier sits between). Each k16 half's 2 wgmmas
 //   (both m64 tiles) are one commit group with their own A registers; before decoding a half a
@@ -80,13 +81,12 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     // zero x, or feed outputs that are never stored. (With cp.async from every thread the loads
     // were the limiter: RESULTS.md, session 9.) Slot layout: [x][plane words][absmax].
     SkUnit lc = SkUnit::at(u0, nst, m_tiles);  // the next unit to load (every thread tracks it)
-    // Part `part` of the stage of unit n into slot (kw_load_part; part 0 with the x box).
+    // Part `part` of the stage of unit n into slot (kw_load_part).
     auto load_part = [&](const SkUnit& n, int slot, int part) {
         const size_t blk = static_cast<size_t>(n.t * kWgTW) * nb + n.st * kWgBK;
-        const uint32_t base = slots_s + static_cast<uint32_t>(slot * S::kSlotBytes), bar = bars + slot * 8;
-        kw_load_part<K, R>(part, base, bar, packed_t + blk * K * kTileN, absmax_t + blk * kTileN, nb,
-                           min(kWgBK, nb - n.st * kWgBK), min(kWgTW, n_tiles - n.t * kWgTW));
-        if (part == 0) ptx::tma_load_2d(base, &tm_x, n.st * kWgBK * 32, n.mt * kWgRows, bar);
+        kw_load_part<K, R>(part, slots_s + static_cast<uint32_t>(slot * S::kSlotBytes), bars + slot * 8, &tm_x,
+                           n.st * kWgBK * 32, n.mt * kWgRows, packed_t + blk * K * kTileN, absmax_t + blk * kTileN,
+                           nb, min(kWgBK, nb - n.st * kWgBK), min(kWgTW, n_tiles - n.t * kWgTW));
     };
 
     // The first stages' weights are requested, then the tables built, while the previous kernel

@@ -99,20 +99,22 @@ __device__ __forceinline__ void kw_read_planes(const unsigned char* slot, const 
 // Stage loads are split into kWgLoadParts copies so that lanes of different warps issue them (lane
 // 0 of warp `part`): each bulk copy takes ~20 issue slots of address and uniform-register work, and
 // one warp issuing all of them every stage held every other warp at the next block barrier (ncu,
-// RESULTS.md session 27). Part 0 expects the stage's bytes on bar (its x box's too: the caller
-// issues the x box with part 0); part 1 + 2 tw copies the plane words of layout tile tw, part 2 + 2 tw
-// its absmax bytes. `tiles` layout tiles (1 or 2) whose first tile's stage starts at packed / absmax,
+// RESULTS.md session 27). Part 0 expects the stage's bytes on bar and loads its x box (rows xrow..
+// of tm_x, inputs xcol..); part 1 + 2 tw copies the plane words of layout tile tw, part 2 + 2 tw its
+// absmax bytes. `tiles` layout tiles (1 or 2) whose first tile's stage starts at packed / absmax,
 // later tiles nb blocks further; jn blocks (1 or 2). A layout tile or block not copied keeps stale
 // finite words that meet zero x or feed outputs never stored. A copy may land before part 0's
 // expectation: the mbarrier's transaction count goes negative and its phase waits for the arrival.
 constexpr int kWgLoadParts = 1 + 2 * kWgTW;
 
 template <int K, int R>
-__device__ __forceinline__ void kw_load_part(int part, uint32_t base, uint32_t bar, const uint32_t* packed,
-                                             const uint8_t* absmax, int nb, int jn, int tiles) {
+__device__ __forceinline__ void kw_load_part(int part, uint32_t base, uint32_t bar, const CUtensorMap* tm_x,
+                                             int xcol, int xrow, const uint32_t* packed, const uint8_t* absmax,
+                                             int nb, int jn, int tiles) {
     using S = WgCfg<K, R>;
     if (part == 0) {
         ptx::mbar_arrive_expect_tx(bar, static_cast<uint32_t>(S::kXBytes + tiles * jn * (K * kTileN * 4 + kTileN)));
+        ptx::tma_load_2d(base, tm_x, xcol, xrow, bar);
         return;
     }
     const int tw = (part - 1) >> 1;
