@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     if (lane == 0)
         for (int s = 0; s < kTcStages - 1 && s < n; ++s) issue(s);
     if constexpr (K == 5)
-        build_k5_lut<T>(tbl, codebook, threadIdx.x, kTcThreads);
+        build_k5_lut<T>(tbl, lane_codebook<5>(codebook, lane), threadIdx.x, kTcThreads);
     else
         build_wide_lut<K, T, kWideLutWords / 256>(tbl, codebook);
     if (threadIdx.x < 256)  // the scale of absmax byte threadIdx.x

@@ -29,9 +29,10 @@
 //   compact one (one 128-byte row of 32 lane copies per pair code, 32 KB); with it, 4 slots of x +
 //   weights + absmax take 102 KB at k=4 and R = 64 (6 slots at R <= 32): 2 CTAs per SM (128
 //   registers at R = 64). (cp.async from every thread, with x in a 64 KB table's spare halves, was
-//   the limiter: RESULTS.md, session 9.) k = 5 looks its 10-bit pair codes up in a table of the
-//   same size with 8 lane copies per code (kbit_wgmma_tile.cuh) and keeps 2 CTAs per SM with 4 / 5
-//   / 6 slots at R = 64 / 32 / 16.
+//   the limiter: RESULTS.md, session 9.) k = 5 looks its 10-bit pair codes up in a table of 32 lane
+//   copies per code (128 KB, kbit_lut5.cuh: one bank per lane, as k <= 4) and runs one CTA per SM
+//   with 4 / 6 / 6 slots at R = 64 / 32 / 16; the 8-copy table (32 KB, 2-3 wavefronts per lookup)
+//   at two CTAs per SM was slower on every Llama layer and M = 16..128 (RESULTS.md, session 28).
 // * Stages are loaded 2 ahead of the one decoded: a slot is refilled only after every warp
 //   decoded it and waited for its wgmmas (a block barrier sits between). Each k16 half's 2 wgmmas
 //   (both m64 tiles) are one commit group with their own A registers; before decoding a half a
@@ -44,14 +45,14 @@ namespace kbit {
 
 namespace {
 
-template <typename T, int K, int R>
-__global__ void __launch_bounds__(kWgThreads, 2)
+template <typename T, int K, int R, int C5>
+__global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
     wgmma_sk_kernel(const __grid_constant__ CUtensorMap tm_x, const uint32_t* __restrict__ packed_t,
                     const uint8_t* __restrict__ absmax_t, const float* __restrict__ codebook,
                     const T* __restrict__ bias, T* __restrict__ y, int M, int N, int nb, float* __restrict__ ws,
                     int* __restrict__ counters) {
 #if defined(KBIT_WGMMA)
-    using S = WgCfg<K, R>;
+    using S = WgCfg<K, R, C5>;
     constexpr int kWgRows = R, kWgSlots = S::kSlots, kWgAhead = S::kAhead;
     constexpr int kJ = R / 8;  // 8-row accumulator groups
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -103,13 +104,13 @@ __global__ void __launch_bounds__(kWgThreads, 2)
         for (int s = 0; s < kWgAhead && u0 + s < u1; ++s, n.next(nst, m_tiles))
             for (int part = 1; part < kWgLoadParts; ++part) load_part(n, s, part);
     }
-    kw_build_tables<K, T>(tbl, codebook, tid);
+    kw_build_tables<K, T, C5>(tbl, codebook, tid);
     __syncthreads();
     pdl_wait();
     for (int s = 0; s < kWgAhead && u0 + s < u1; ++s, lc.next(nst, m_tiles))
         if (tid == 0) load_part(lc, s, 0);
 
-    const KwLane L = KwLane::make(tid);
+    const KwLane L = KwLane::make<C5>(tid);
     const int tw = L.tw, c0 = L.c0;
     float acc[2][R / 2];  // [m64 tile][fragment]
     uint32_t a[2][2][4];  // A fragments: [k16 half][m64 tile][register]
@@ -131,8 +132,8 @@ __global__ void __launch_bounds__(kWgThreads, 2)
                 if (lane == 0 && warp < kWgLoadParts) load_part(lc, (it + kWgAhead) % kWgSlots, warp);
                 lc.next(nst, m_tiles);
             }
-            kw_stage<T, K, R>(stages + slot * S::kSlotBytes, slots_s + static_cast<uint32_t>(slot * S::kSlotBytes), tbl, L,
-                              acc, a);
+            kw_stage<T, K, R, C5>(stages + slot * S::kSlotBytes, slots_s + static_cast<uint32_t>(slot * S::kSlotBytes),
+                                  tbl, L, acc, a);
         }
         ptx::wgmma_wait<0>();
         kw_fence_acc<R>(acc);
@@ -195,30 +196,31 @@ __global__ void __launch_bounds__(kWgThreads, 2)
 #endif
 }
 
-template <typename T, int K, int R>
+template <typename T, int K, int R, int C5>
 const void* wgmma_kernel_ptr(int* smem) {
-    *smem = WgCfg<K, R>::kBytes;
-    return reinterpret_cast<const void*>(wgmma_sk_kernel<T, K, R>);
+    *smem = WgCfg<K, R, C5>::kBytes;
+    return reinterpret_cast<const void*>(wgmma_sk_kernel<T, K, R, C5>);
 }
 
-template <typename T, int K>
+template <typename T, int K, int C5 = kLut5Copies>
 const void* wgmma_pick_rows(int rows, int* smem) {
     switch (rows) {
-        case 16: return wgmma_kernel_ptr<T, K, 16>(smem);
-        case 32: return wgmma_kernel_ptr<T, K, 32>(smem);
-        case 64: return wgmma_kernel_ptr<T, K, 64>(smem);
+        case 16: return wgmma_kernel_ptr<T, K, 16, C5>(smem);
+        case 32: return wgmma_kernel_ptr<T, K, 32, C5>(smem);
+        case 64: return wgmma_kernel_ptr<T, K, 64, C5>(smem);
         default: return nullptr;
     }
 }
 
-// The kernel for k bits and `rows` x rows per row tile (16, 32 or 64); nullptr for others.
+// The kernel for k bits and `rows` x rows per row tile (16, 32 or 64); nullptr for others. k = 5
+// runs the 32-copy table at one CTA per SM (header).
 template <typename T>
 const void* wgmma_pick(int k, int rows, int* smem) {
     switch (k) {
         case 2: return wgmma_pick_rows<T, 2>(rows, smem);
         case 3: return wgmma_pick_rows<T, 3>(rows, smem);
         case 4: return wgmma_pick_rows<T, 4>(rows, smem);
-        case 5: return wgmma_pick_rows<T, 5>(rows, smem);
+        case 5: return wgmma_pick_rows<T, 5, 32>(rows, smem);
         default: return nullptr;
     }
 }

@@ -21,25 +21,33 @@ constexpr int kWgTwoCtaBytes = 113 * 1024;
 // Shared memory of the kernel for k = K with R x rows per row tile (the wgmma N: 16, 32 or 64; the
 // host picks the smallest that holds M, so a decode batch of 16 runs n16 wgmmas, not n64 on zero
 // rows). Smaller R leaves room for more slots (stages in flight) at 2 CTAs per SM.
-template <int K, int R>
+// Words of the pair table: k = 5 with C5 lane copies per code (8: two CTAs per SM; 32: one, no bank
+// conflicts), else the compact k <= 4 table. The scale-pair table follows it.
+__host__ __device__ constexpr int kw_lut_words(int K, int C5) { return K == 5 ? 1024 * C5 : kWgLutWords; }
+constexpr int kWgOneCtaBytes = 227 * 1024;  // the most shared memory one CTA may take on sm_90
+
+template <int K, int R, int C5 = kLut5Copies>
 struct WgCfg {
+    static constexpr bool kOneCta = K == 5 && C5 == 32;
     static constexpr int kXBytes = R * kWgBK * 32 * 2;               // x rows of a stage (128-byte swizzled)
     static constexpr int kTileFloats = R * kWgCols;
-    static constexpr int kLutBytes = kWgLutWords * 4 + 256 * 4;   // pair table + scale table
+    static constexpr int kLutBytes = kw_lut_words(K, C5) * 4 + 256 * 4;   // pair table + scale table
     static constexpr int kTileWords = kWgBK * K * kTileN;          // plane words of one layout tile per stage
     static constexpr int kBWords = kWgTW * kTileWords;             // [tile][block][plane][128]
     static constexpr int kAbsBytes = kWgTW * kWgBK * kTileN;       // [tile][block][128]
     static constexpr int kSlotBytes = (kXBytes + kBWords * 4 + kAbsBytes + 1023) / 1024 * 1024;
     static constexpr int kSlotsOff = (kLutBytes + 1023) / 1024 * 1024;
     // Stage slots (x, weights, absmax): k <= 4 as measured (sessions 9-10); k = 5's larger stages
-    // take as many as two CTAs per SM leave room for, at most 6 (R = 64: 4, 32: 5, 16: 6).
-    static constexpr int kSlotsFit = (kWgTwoCtaBytes - 1024 - kSlotsOff - 6 * 8) / kSlotBytes;
-    static constexpr int kSlots = K <= 4 ? (R == 64 ? 4 : 6) : (kSlotsFit < 6 ? kSlotsFit : 6);
+    // take as many as fit (two CTAs per SM with the 8-copy table, one with the 32-copy one), at
+    // most k <= 4's count (8 copies: R = 64: 4, 32: 5, 16: 6; 32 copies: 4, 6, 6).
+    static constexpr int kSlotsFit = ((kOneCta ? kWgOneCtaBytes : kWgTwoCtaBytes) - 1024 - kSlotsOff - 6 * 8) / kSlotBytes;
+    static constexpr int kSlotsCap = R == 64 ? 4 : 6;
+    static constexpr int kSlots = K <= 4 || kSlotsFit > kSlotsCap ? kSlotsCap : kSlotsFit;
     static constexpr int kAhead = kSlots - 2;  // stages loaded ahead: the wgmmas read x until 2 stages later
     static constexpr int kBarOff = kSlotsOff + kSlots * kSlotBytes;  // one mbarrier per slot
     static constexpr int kBytes = 1024 + kBarOff + kSlots * 8;      // + alignment to 1024 bytes
     static_assert(kAhead >= 1 && kTileFloats == R * kWgCols, "a stage in flight at least");
-    static_assert(K <= 4 || kBytes <= kWgTwoCtaBytes, "k = 5: two CTAs per SM");
+    static_assert(K <= 4 || kBytes <= (kOneCta ? kWgOneCtaBytes : kWgTwoCtaBytes), "k = 5: the CTAs per SM fit");
 };
 
 // Per-lane constants: warp w of a warpgroup owns features 32w..32w+31 of the warpgroup's layout
@@ -50,6 +58,7 @@ struct KwLane {
     int c0;          // this lane's first feature in that layout tile (4 adjacent ones)
     uint32_t lane8;  // wide_lut_off(.., lane8) / 2: the lane's copy in the 128-byte table rows
     uint32_t copy4;  // k = 5: byte offset of the lane's copy (lane % 8) in a 32-byte table entry
+    template <int C5 = kLut5Copies>
     __device__ __forceinline__ static KwLane make(int tid) {
         const int lane = tid & 31, warp = tid >> 5;
         KwLane L;
@@ -57,21 +66,21 @@ struct KwLane {
         L.tw = warp >> 2;
         L.c0 = 32 * (warp & 3) + 4 * (lane >> 2);
         L.lane8 = static_cast<uint32_t>(lane) * 8u;
-        L.copy4 = static_cast<uint32_t>(lane % kLut5Copies) * 4u;
+        L.copy4 = static_cast<uint32_t>(lane % C5) * 4u;
         return L;
     }
 };
 
 // The pair table (k <= 4: the compact [256][32] words; k = 5: build_k5_lut) and the scale-pair
 // table of all 256 absmax bytes, built by the CTA's 256 threads (the caller's barrier publishes them).
-template <int K, typename T>
+template <int K, typename T, int C5 = kLut5Copies>
 __device__ __forceinline__ void kw_build_tables(uint32_t* tbl, const float* __restrict__ codebook, int tid) {
     if constexpr (K == 5)
-        build_k5_lut<T>(tbl, codebook, tid, kWgThreads);
+        build_k5_lut<T, C5>(tbl, lane_codebook<5>(codebook, tid & 31), tid, kWgThreads);
     else
         build_wide_lut<K, T, kWgLutWords / 256>(tbl, codebook);
     const float sc = decode_e4m4_fast(static_cast<uint32_t>(tid));  // scale pair of absmax byte tid
-    tbl[kWgLutWords + tid] = pack2<T>(sc, sc);
+    tbl[kw_lut_words(K, C5) + tid] = pack2<T>(sc, sc);
 }
 
 template <int R>
@@ -132,7 +141,7 @@ __device__ __forceinline__ void kw_load_part(int part, uint32_t base, uint32_t b
 // and issues its 4 k16 halves as one commit group each (both m64 tiles): acc[i] += W x^T. Before
 // decoding a half the warp waits until at most one group (the previous half's) is pending. The
 // caller waits for all groups (wgmma_wait<0>) before it reads acc.
-template <typename T, int K, int R>
+template <typename T, int K, int R, int C5 = kLut5Copies>
 __device__ __forceinline__ void kw_stage(const unsigned char* slot, uint32_t slot_s, const uint32_t* tbl,
                                          const KwLane& L, float (&acc)[2][R / 2], uint32_t (&a)[2][2][4]) {
     const char* tblc = reinterpret_cast<const char*>(tbl);
@@ -151,7 +160,7 @@ __device__ __forceinline__ void kw_stage(const unsigned char* slot, uint32_t slo
             for (int b = 0; b < K; ++b) p[b] = s == 0 ? pw[b].x : s == 1 ? pw[b].y : s == 2 ? pw[b].z : pw[b].w;
             gw[s] = group_word<K>(p, L.g);
             hi[s] = K == 5 ? k5_pair_hi(p[K - 1], L.g) : 0u;
-            s2[s] = tbl[kWgLutWords + __byte_perm(ab, 0u, 0x4440u | s)];
+            s2[s] = tbl[kw_lut_words(K, C5) + __byte_perm(ab, 0u, 0x4440u | s)];
         }
         if (blk + 1 < kWgBK) kw_read_planes<K, R>(slot, L, blk + 1, pw, ab);  // overlaps this block's decode
         // One commit group per k16 half (both m64 tiles), A registers a[kk]: the group two back
@@ -168,8 +177,8 @@ __device__ __forceinline__ void kw_stage(const unsigned char* slot, uint32_t slo
                     const int sf = 2 * i + h;
                     uint32_t o0, o1;
                     if constexpr (K == 5) {
-                        o0 = k5_lut_off(gw[sf], hi[sf], 2 * kk, L.copy4);
-                        o1 = k5_lut_off(gw[sf], hi[sf], 2 * kk + 1, L.copy4);
+                        o0 = k5_lut_off<C5>(gw[sf], hi[sf], 2 * kk, L.copy4);
+                        o1 = k5_lut_off<C5>(gw[sf], hi[sf], 2 * kk + 1, L.copy4);
                     } else {
                         o0 = wide_lut_off(gw[sf], 2 * kk, L.lane8) >> 1;
                         o1 = wide_lut_off(gw[sf], 2 * kk + 1, L.lane8) >> 1;

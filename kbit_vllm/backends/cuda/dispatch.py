@@ -101,21 +101,24 @@ WGMMA_ROWS: dict[tuple[int, int], tuple[int, int]] = {
 # 48.3 / 76.2; 14336x4096 M=1 26.5 / 27.3 / 31.8, M=2 27.3 / 27.7 / 34.4, M=3 27.6 / 27.5 / 39.4;
 # 4096x6144 M=1 16.0 / 15.8 / 16.0, M=2 16.5 / 16.0 / 18.3; 4096x4096 M=2 13.8 / 13.4 / 11.9, M=3
 # 14.9 / 13.4 / 13.7; 2048x5120 M=2 12.1 / 11.1 / 10.5, M=3 12.4 / 11.0 / 11.8; 5120x2048 M=2 12.7 /
-# 10.6 / 12.7, M=3 12.8 / 10.8 / 14.9.
+# 10.6 / 12.7, M=3 12.8 / 10.8 / 14.9. Session 28 (the wgmma kernel on its 32-copy table, one CTA per
+# SM), wgmma / dequantize + cuBLAS: 4096x6144 M=128 29.8 / 36.1, M=192 39.9 / 43.1, M=256 49.9 / 41.6;
+# 4096x4096 M=128 23.0 / 27.2, M=192 29.5 / 31.6, M=256 36.6 / 28.8; 5120x2048 M=128 19.6 / 21.1,
+# 2048x5120 18.6 / 15.6, 2048x4096 16.5 / 15.3 (the small layers keep M <= 64).
 WGMMA_RULES_K5: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((40 << 20, 1, 192), (20 << 20, 2, 128), (MMA_SMALL_LAYER, 3, 128), (0, 3, 64)),
+    (9, 0): ((40 << 20, 1, 192), (20 << 20, 2, 192), (MMA_SMALL_LAYER, 3, 192), (0, 3, 64)),
 }
 TC_ROWS_K5: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
     (9, 0): ((100 << 20, 1, 4), (40 << 20, 1, 2)),
 }
 
 # Layers (weights at most, first row) on which the wgmma kernel runs one CTA per SM instead of a
-# full wave of two: on small layers a CTA has only a few stages, and a second one per SM (twice
-# the CTAs, each with its prologue and its share of a split row tile) costs more than its overlap
-# gains. H200
-# 2026-11-22 session 14, k=4 bf16, µs behind a kernel without PDL that writes x (as vLLM runs
-# them), 132 / 264 CTAs: 4096x4096 M=32 15.4 / 16.3, M=64 18.9 / 22.3; 4096x6144 M=32 18.8 /
-# 18.1, M=64 22.2 / 23.6; 14336x4096 M=64 37.8 / 34.9.
+# full wave of two (k <= 4; k = 5 always runs one: its 128 KB table leaves no room for a second): on
+# small layers a CTA has only a few stages, and a second one per SM (twice the CTAs, each with its
+# prologue and its share of a split row tile) costs more than its overlap gains. H200 2026-11-22
+# session 14, k=4 bf16, µs behind a kernel without PDL that writes x (as vLLM runs them), 132 / 264
+# CTAs: 4096x4096 M=32 15.4 / 16.3, M=64 18.9 / 22.3; 4096x6144 M=32 18.8 / 18.1, M=64 22.2 / 23.6;
+# 14336x4096 M=64 37.8 / 34.9.
 WGMMA_ONE_CTA: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {
     (9, 0): ((17 << 20, 17), (26 << 20, 33)),
 }

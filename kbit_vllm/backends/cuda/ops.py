@@ -189,8 +189,9 @@ def wgmma_ok(dev: torch.device | str, k: int) -> bool:
 
 def wgmma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int) -> tuple[int, int, int]:
     """(rows, ctas, row_tiles) of the stream-K wgmma kernel: the row tile height, one wave (resident
-    CTAs per SM x SMs; one per SM on the small layers of dispatch.WGMMA_ONE_CTA), never more than
-    the (row tile, stage) units; a row tile is WGMMA_TILE_COLS features x rows rows of x."""
+    CTAs per SM x SMs: one for k = 5, two for k <= 4 but one on the small layers of
+    dispatch.WGMMA_ONE_CTA), never more than the (row tile, stage) units; a row tile is
+    WGMMA_TILE_COLS features x rows rows of x."""
     rows = wgmma_tile_rows(m)
     key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, sfx, rows)
     if key not in _WG_OCC:
