@@ -156,6 +156,22 @@ def test_wgmma_tile_rows() -> None:
     assert {m: ops.wgmma_tile_rows(m) for m in expect} == expect
 
 
+def test_wgmma_even_grid() -> None:
+    """A one-CTA-per-SM grid shrinks (by at most 1/16) only to a count that gives every CTA the same
+    whole share of one row tile."""
+    from kbit_vllm.backends.cuda import dispatch
+
+    assert dispatch.wgmma_even_grid(16 * 64, 64, 132) == 128     # 4096x4096: 8 stages a CTA
+    assert dispatch.wgmma_even_grid(16 * 224, 224, 132) == 128   # 14336x4096: 28 stages a CTA
+    assert dispatch.wgmma_even_grid(24 * 64, 64, 132) == 132     # 4096x6144: no even count near 132
+    assert dispatch.wgmma_even_grid(112 * 64, 64, 132) == 132    # 112 whole tiles is too far below
+    assert dispatch.wgmma_even_grid(40, 64, 40) == 40            # units <= SMs: left as is
+    for units, stages, ctas in ((1024, 64, 132), (3584, 224, 132), (1536, 64, 132), (7, 7, 7), (130, 10, 66)):
+        c = dispatch.wgmma_even_grid(units, stages, ctas)
+        assert ctas - ctas // 16 <= c <= ctas
+        assert c == ctas or (units % c == 0 and stages % (units // c) == 0)
+
+
 def test_wgmma_one_cta_rule() -> None:
     """H200: the kbit wgmma kernel runs one CTA per SM on o_proj-sized layers from M=17 and on
     qkv-sized ones from M=33 (fewer partial tiles); the large layers keep two per SM, and other

@@ -130,6 +130,20 @@ def wgmma_one_cta(capability: tuple[int, int], weights: int, m: int) -> bool:
     return any(weights <= w and m >= r for w, r in WGMMA_ONE_CTA.get(capability, ()))
 
 
+def wgmma_even_grid(units: int, stages: int, ctas: int) -> int:
+    """A one-CTA-per-SM wgmma grid of ctas CTAs over units (row tile, stage) units of stages stages
+    per row tile, shrunk by at most 1/16 where that gives every CTA the same whole share of one row
+    tile: no CTA runs a stage more than another, or ends in two row tiles (two partial tiles to
+    reduce). H200 session 28, bf16 µs, 128 / 132 CTAs: 4096x4096 (8 stages a CTA) k=5 M=32 13.1 /
+    13.8, M=64 16.1 / 17.0, k=4 12.6 / 13.1, 15.8 / 16.5; 14336x4096 (28 stages) k=5 29.1 / 29.8,
+    34.0 / 34.2. Uneven counts near 132 were no faster (4096x6144: 120 / 128 / 132 CTAs k=5 M=64
+    19.7 / 20.7 / 19.9)."""
+    for c in range(ctas, ctas - ctas // 16 - 1, -1):
+        if c > 0 and units % c == 0 and stages % (units // c) == 0:
+            return c
+    return ctas
+
+
 # Before any of those, the tensor-core GEMV (csrc/kbit_gemv_tc.cu, same conditions as wgmma): rules
 # (layer weights above, first row, last row), the first rule the layer is above decides. H200
 # 2026-11-22 session 12, k=4 fp16 µs, gemv_tc / the best other kernel (stream-K GEMV at M <= 3, MMA
