@@ -81,9 +81,10 @@ def test_kbit_tensor_core_gemv_rows() -> None:
 
 
 def test_kbit_wgmma_rows() -> None:
-    """H200: the wgmma kernel takes WGMMA_ROWS (M = 17..192) on layers above MMA_SMALL_LAYER where it can run
+    """H200: the wgmma kernel takes WGMMA_ROWS (M = 17..192) on layers above MMA_SMALL_LAYER and
+    WGMMA_SMALL_ROWS (M = 17..64, 17..32 up to 2 M weights) on smaller ones, where it can run
     (ops.wgmma_ok, not deterministic mode); elsewhere the MMA / dequantize + cuBLAS rules stand."""
-    big, small = 4096 * 28672, 2048 * 2048
+    big, small, tiny = 4096 * 28672, 2048 * 2048, 2048 * 512
     first, last = dispatch.WGMMA_ROWS[(9, 0)]
     assert dispatch.choose_path(first, (9, 0), big, 4, wgmma=True) == "wgmma"
     assert dispatch.choose_path(last, (9, 0), big, 2, wgmma=True) == "wgmma"
@@ -91,8 +92,12 @@ def test_kbit_wgmma_rows() -> None:
     assert dispatch.choose_path(last + 1, (9, 0), big, 4, wgmma=True) == "dequant"
     assert dispatch.choose_path(first, (9, 0), big, 4, wgmma=False) == "mma"
     assert dispatch.choose_path(last, (9, 0), big, 4, wgmma=False) == "dequant"
-    assert dispatch.choose_path(first, (9, 0), small, 4, wgmma=True) in ("mma", "dequant")
+    assert [dispatch.choose_path(m, (9, 0), small, 4, wgmma=True) for m in (16, 17, 64, 65)] == [
+        "mma", "wgmma", "wgmma", "dequant"]
+    assert [dispatch.choose_path(m, (9, 0), tiny, 2, wgmma=True) for m in (17, 32, 33)] == ["wgmma", "wgmma", "dequant"]
+    assert dispatch.choose_path(17, (9, 0), small, 4, wgmma=False) == "mma"
     assert dispatch.choose_path(first, (8, 0), big, 4, wgmma=True) != "wgmma"
+    assert dispatch.choose_path(first, (8, 0), small, 4, wgmma=True) != "wgmma"
 
 
 def test_kbit5_hopper_rules() -> None:

@@ -88,6 +88,16 @@ MMA_SMALL_LAYER = 12 * 1024 * 1024
 WGMMA_ROWS: dict[tuple[int, int], tuple[int, int]] = {
     (9, 0): (17, 192),
 }
+# The same on layers of at most MMA_SMALL_LAYER weights (k <= 4): rules (weights above, first row,
+# last row), the first rule the layer is above decides. The wgmma kernel runs one CTA per SM there
+# (WGMMA_ONE_CTA). H200 2026-11-27 session 28, bf16 behind a writer of x, k=4 µs wgmma / the MMA or
+# dequantize + cuBLAS the op took before (k=2 alike): M=17 2048x5120 10.7 / 14.1, 5120x2048 10.5 /
+# 11.9, 2048x4096 9.5 / 11.7, 4096x2048 9.6 / 11.6, 2048x512 7.1 / 7.8; M=64 14.1 / 14.8, 13.8 /
+# 18.2, 12.4 / 13.4, 12.5 / 16.2, but 2048x512 9.5 / 8.5 (dequantize from M=48); M=96 17.8 / 15.5
+# (dequantize), 17.3 / 19.1, 15.2 / 13.6 (dequantize), 15.8 / 17.0; M=192 dequantize on all.
+WGMMA_SMALL_ROWS: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
+    (9, 0): ((2 << 20, 17, 64), (0, 17, 32)),
+}
 # k = 5 (its 10-bit pair table, csrc/kbit_lut5.cuh), which has no stream-K table GEMV and no MMA
 # variant 5: rules (layer weights above, first row, last row), the first rule the layer is above
 # decides; the tensor-core GEMV's (TC_ROWS_K5) come first, the lane-shuffle GEMV and the MMA's
@@ -226,6 +236,8 @@ def choose_path(m: int, capability: tuple[int, int], weights: int | None = None,
     small = weights is not None and weights <= MMA_SMALL_LAYER
     wg_first, wg_last = WGMMA_ROWS.get(capability, (0, -1))
     if wgmma and k <= 4 and wg_first <= m <= wg_last and not small:
+        return "wgmma"
+    if wgmma and k <= 4 and small and rule_takes(WGMMA_SMALL_ROWS.get(capability, ()), weights, m):
         return "wgmma"
     return "mma" if m <= mma_max and not (m > MMA_SMALL_LAYER_M and small) else "dequant"
 
