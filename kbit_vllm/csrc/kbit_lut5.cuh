@@ -44,7 +44,7 @@ __device__ __forceinline__ uint32_t k5_pair_hi(uint32_t w4, int g) {
 }
 
 // Byte offset of the table entry for pair byte i of group word gw whose high code bits are byte i
-// of hi (k5_pair_hi), lane copy (copy4 = lane % 8 * 4) included. prmt puts the pair byte in byte 0,
+// of hi (k5_pair_hi), lane copy (copy4 = lane % Copies * 4) included. prmt puts the pair byte in byte 0,
 // the high bits in byte 1 and zeros above (selector msb: the sign of hi's byte, which is 0).
 template <int Copies = kLut5Copies>
 __device__ __forceinline__ uint32_t k5_lut_off(uint32_t gw, uint32_t hi, int i, uint32_t copy4) {

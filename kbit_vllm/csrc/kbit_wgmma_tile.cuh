@@ -18,14 +18,15 @@ static_assert(kLut5Words == kWgLutWords, "the k = 5 table (kbit_lut5.cuh) fills 
 // Shared memory two CTAs per SM may each take on sm_90 (228 KB per SM, 1 KB of it reserved per CTA).
 constexpr int kWgTwoCtaBytes = 113 * 1024;
 
-// Shared memory of the kernel for k = K with R x rows per row tile (the wgmma N: 16, 32 or 64; the
-// host picks the smallest that holds M, so a decode batch of 16 runs n16 wgmmas, not n64 on zero
-// rows). Smaller R leaves room for more slots (stages in flight) at 2 CTAs per SM.
 // Words of the pair table: k = 5 with C5 lane copies per code (8: two CTAs per SM; 32: one, no bank
 // conflicts), else the compact k <= 4 table. The scale-pair table follows it.
 __host__ __device__ constexpr int kw_lut_words(int K, int C5) { return K == 5 ? 1024 * C5 : kWgLutWords; }
 constexpr int kWgOneCtaBytes = 227 * 1024;  // the most shared memory one CTA may take on sm_90
 
+// Shared memory of the kernel for k = K with R x rows per row tile (the wgmma N: 16, 32 or 64; the
+// host picks the smallest that holds M, so a decode batch of 16 runs n16 wgmmas, not n64 on zero
+// rows) and C5 lane copies in the k = 5 table. Smaller R leaves room for more slots (stages in
+// flight).
 template <int K, int R, int C5 = kLut5Copies>
 struct WgCfg {
     static constexpr bool kOneCta = K == 5 && C5 == 32;
@@ -40,14 +41,15 @@ struct WgCfg {
     // Stage slots (x, weights, absmax): k <= 4 as measured (sessions 9-10); k = 5's larger stages
     // take as many as fit (two CTAs per SM with the 8-copy table, one with the 32-copy one), at
     // most k <= 4's count (8 copies: R = 64: 4, 32: 5, 16: 6; 32 copies: 4, 6, 6).
-    static constexpr int kSlotsFit = ((kOneCta ? kWgOneCtaBytes : kWgTwoCtaBytes) - 1024 - kSlotsOff - 6 * 8) / kSlotBytes;
+    static constexpr int kSmemCap = kOneCta ? kWgOneCtaBytes : kWgTwoCtaBytes;
+    static constexpr int kSlotsFit = (kSmemCap - 1024 - kSlotsOff - 6 * 8) / kSlotBytes;
     static constexpr int kSlotsCap = R == 64 ? 4 : 6;
     static constexpr int kSlots = K <= 4 || kSlotsFit > kSlotsCap ? kSlotsCap : kSlotsFit;
     static constexpr int kAhead = kSlots - 2;  // stages loaded ahead: the wgmmas read x until 2 stages later
     static constexpr int kBarOff = kSlotsOff + kSlots * kSlotBytes;  // one mbarrier per slot
     static constexpr int kBytes = 1024 + kBarOff + kSlots * 8;      // + alignment to 1024 bytes
     static_assert(kAhead >= 1 && kTileFloats == R * kWgCols, "a stage in flight at least");
-    static_assert(K <= 4 || kBytes <= (kOneCta ? kWgOneCtaBytes : kWgTwoCtaBytes), "k = 5: the CTAs per SM fit");
+    static_assert(K <= 4 || kBytes <= kSmemCap, "k = 5: the CTAs per SM fit");
 };
 
 // Per-lane constants: warp w of a warpgroup owns features 32w..32w+31 of the warpgroup's layout
@@ -57,7 +59,7 @@ struct KwLane {
     int tw;          // this warpgroup's layout tile in the row tile
     int c0;          // this lane's first feature in that layout tile (4 adjacent ones)
     uint32_t lane8;  // wide_lut_off(.., lane8) / 2: the lane's copy in the 128-byte table rows
-    uint32_t copy4;  // k = 5: byte offset of the lane's copy (lane % 8) in a 32-byte table entry
+    uint32_t copy4;  // k = 5: byte offset of the lane's copy (lane % C5) in a table entry of C5 words
     template <int C5 = kLut5Copies>
     __device__ __forceinline__ static KwLane make(int tid) {
         const int lane = tid & 31, warp = tid >> 5;
