@@ -162,7 +162,7 @@ def test_wgmma_tile_rows() -> None:
 
 
 def test_wgmma_even_grid() -> None:
-    """A one-CTA-per-SM grid shrinks (by at most 1/16) only to a count that gives every CTA the same
+    """A one-wave wgmma grid shrinks (by at most 1/16) only to a count that gives every CTA the same
     whole share of one row tile."""
     from kbit_vllm.backends.cuda import dispatch
 
@@ -171,6 +171,8 @@ def test_wgmma_even_grid() -> None:
     assert dispatch.wgmma_even_grid(24 * 64, 64, 132) == 132     # 4096x6144: no even count near 132
     assert dispatch.wgmma_even_grid(112 * 64, 64, 132) == 132    # 112 whole tiles is too far below
     assert dispatch.wgmma_even_grid(40, 64, 40) == 40            # units <= SMs: left as is
+    assert dispatch.wgmma_even_grid(16 * 224, 224, 264) == 256   # two CTAs per SM: 14 stages a CTA
+    assert dispatch.wgmma_even_grid(112 * 64, 64, 264) == 264    # 4096x28672: none
     for units, stages, ctas in ((1024, 64, 132), (3584, 224, 132), (1536, 64, 132), (7, 7, 7), (130, 10, 66)):
         c = dispatch.wgmma_even_grid(units, stages, ctas)
         assert ctas - ctas // 16 <= c <= ctas

@@ -11,6 +11,11 @@
 // rows), found by moe::find_item over the device offsets (the host sizes y from an upper bound;
 // surplus CTAs exit at once); z = K split. The x box's rows past the expert's last row belong to
 // the next expert (or read as zeros past the last row): their accumulator rows are not stored.
+// k = 5 looks its pair codes up in the 32-copy table (kbit_lut5.cuh) at one CTA per SM where the
+// grid is at most one CTA per SM, else in the 8-copy one at two. H200 session 28, seed 002's 8
+// experts, k=5 µs 32-copy / 8-copy: 2048x512 at 8 / 64 tokens (128 CTAs) 9.3 / 12.7 against 10.9 /
+// 14.5, 512x2048 8.7 / 13.2 against 11.0 / 16.5; the 32-copy table at one CTA per SM lost on
+// larger grids (2048x512 at 256 tokens, 320 CTAs, 30.4 against 27.7).
 // Split-K: every split stores its fp32 partial rows into workspace[split] ([splits, rows, N]),
 // summed in split order by awq_mma.cu's split-K reduction (every row belongs to exactly one
 // expert, so every partial is written): the same y in every run.
@@ -26,14 +31,14 @@ namespace kbit {
 
 namespace {
 
-template <typename T, int K, int R>
-__global__ void __launch_bounds__(kWgThreads, 2)
+template <typename T, int K, int R, int C5>
+__global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
     grouped_wgmma_kernel(const __grid_constant__ CUtensorMap tm_x, const uint32_t* __restrict__ packed_t,
                          const uint8_t* __restrict__ absmax_t, const float* __restrict__ codebook,
                          const int* __restrict__ offs, T* __restrict__ y, float* __restrict__ partial, int n_exp,
                          int rows, int N, int nb, int st_per_split) {
 #if defined(KBIT_WGMMA)
-    using S = WgCfg<K, R>;
+    using S = WgCfg<K, R, C5>;
     moe::Item item;
     if (!moe::find_item(offs, n_exp, rows, R, static_cast<int>(blockIdx.y), item)) return;  // CTA-uniform
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -70,10 +75,10 @@ __global__ void __launch_bounds__(kWgThreads, 2)
         for (int s = 0; s < S::kAhead && s < n; ++s)
             for (int part = 0; part < kWgLoadParts; ++part) load_part(s, part);
     }
-    kw_build_tables<K, T>(tbl, codebook, tid);
+    kw_build_tables<K, T, C5>(tbl, codebook, tid);
     __syncthreads();
 
-    const KwLane L = KwLane::make(tid);
+    const KwLane L = KwLane::make<C5>(tid);
     float acc[2][R / 2];  // [m64 tile][fragment]
     uint32_t a[2][2][4];  // A fragments: [k16 half][m64 tile][register]
 #pragma unroll
@@ -86,7 +91,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
         __syncthreads();  // every warp decoded stage s - 1 and its wgmmas of s - 2 are done
         if (s + S::kAhead < n && (tid & 31) == 0 && (tid >> 5) < kWgLoadParts)  // one part per warp
             load_part(s + S::kAhead, tid >> 5);
-        kw_stage<T, K, R>(stages + slot * S::kSlotBytes, slots_s + static_cast<uint32_t>(slot * S::kSlotBytes), tbl, L,
+        kw_stage<T, K, R, C5>(stages + slot * S::kSlotBytes, slots_s + static_cast<uint32_t>(slot * S::kSlotBytes), tbl, L,
                           acc, a);
     }
     ptx::wgmma_wait<0>();
@@ -130,29 +135,30 @@ __global__ void __launch_bounds__(kWgThreads, 2)
 #endif
 }
 
-template <typename T, int K, int R>
+template <typename T, int K, int R, int C5>
 int launch_rows(const CUtensorMap& tmx, const uint32_t* pt, const uint8_t* at, const float* cb, const int* offs,
                 T* y, float* partial, int n_exp, int rows, int N, int nb, int items, int splits, int per_split,
                 cudaStream_t stream) {
-    const void* f = reinterpret_cast<const void*>(grouped_wgmma_kernel<T, K, R>);
-    const cudaError_t attr = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, WgCfg<K, R>::kBytes);
+    using S = WgCfg<K, R, C5>;
+    const void* f = reinterpret_cast<const void*>(grouped_wgmma_kernel<T, K, R, C5>);
+    const cudaError_t attr = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytes);
     if (attr != cudaSuccess) return static_cast<int>(attr);
     const int n_tiles = (N + kTileN - 1) / kTileN;
     const dim3 grid(static_cast<unsigned>((n_tiles + kWgTW - 1) / kWgTW), static_cast<unsigned>(items),
                     static_cast<unsigned>(splits));
-    grouped_wgmma_kernel<T, K, R><<<grid, kWgThreads, WgCfg<K, R>::kBytes, stream>>>(
+    grouped_wgmma_kernel<T, K, R, C5><<<grid, kWgThreads, S::kBytes, stream>>>(
         tmx, pt, at, cb, offs, y, partial, n_exp, rows, N, nb, per_split);
     return static_cast<int>(cudaGetLastError());
 }
 
-template <typename T, int K>
+template <typename T, int K, int C5 = kLut5Copies>
 int launch_k(const CUtensorMap& tmx, const uint32_t* pt, const uint8_t* at, const float* cb, const int* offs, T* y,
              float* partial, int n_exp, int rows, int N, int nb, int rows_per_tile, int items, int splits,
              int per_split, cudaStream_t stream) {
     switch (rows_per_tile) {
-        case 16: return launch_rows<T, K, 16>(tmx, pt, at, cb, offs, y, partial, n_exp, rows, N, nb, items, splits, per_split, stream);
-        case 32: return launch_rows<T, K, 32>(tmx, pt, at, cb, offs, y, partial, n_exp, rows, N, nb, items, splits, per_split, stream);
-        case 64: return launch_rows<T, K, 64>(tmx, pt, at, cb, offs, y, partial, n_exp, rows, N, nb, items, splits, per_split, stream);
+        case 16: return launch_rows<T, K, 16, C5>(tmx, pt, at, cb, offs, y, partial, n_exp, rows, N, nb, items, splits, per_split, stream);
+        case 32: return launch_rows<T, K, 32, C5>(tmx, pt, at, cb, offs, y, partial, n_exp, rows, N, nb, items, splits, per_split, stream);
+        case 64: return launch_rows<T, K, 64, C5>(tmx, pt, at, cb, offs, y, partial, n_exp, rows, N, nb, items, splits, per_split, stream);
         default: return static_cast<int>(cudaErrorInvalidValue);
     }
 }
@@ -190,7 +196,21 @@ int launch_grouped_wgmma(const void* x, const void* pt, const uint8_t* at, const
         case 2: e = launch_k<T, 2>(tmx, p, at, cb, offs, yt, partial, n_exp, rows, N, nb, rows_per_tile, items, splits, per_split, stream); break;
         case 3: e = launch_k<T, 3>(tmx, p, at, cb, offs, yt, partial, n_exp, rows, N, nb, rows_per_tile, items, splits, per_split, stream); break;
         case 4: e = launch_k<T, 4>(tmx, p, at, cb, offs, yt, partial, n_exp, rows, N, nb, rows_per_tile, items, splits, per_split, stream); break;
-        default: e = launch_k<T, 5>(tmx, p, at, cb, offs, yt, partial, n_exp, rows, N, nb, rows_per_tile, items, splits, per_split, stream); break;
+        default: {
+            // k = 5: the 32-copy table (no bank conflicts) at one CTA per SM where the CTAs that find
+            // work (rows spread evenly over min(n_exp, rows) experts; items is only a bound) fit one
+            // wave of those; larger grids keep the 8-copy table at two CTAs per SM (header).
+            int dev = 0, sms = 0;
+            if (cudaGetDevice(&dev) != cudaSuccess ||
+                cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+                return static_cast<int>(cudaErrorInvalidValue);
+            const int active = min(n_exp, rows), per = (rows + active - 1) / active;
+            const long long ctas = static_cast<long long>((N + kWgCols - 1) / kWgCols) * active *
+                                   ((per + rows_per_tile - 1) / rows_per_tile) * splits;
+            e = ctas <= sms ? launch_k<T, 5, 32>(tmx, p, at, cb, offs, yt, partial, n_exp, rows, N, nb, rows_per_tile, items, splits, per_split, stream)
+                            : launch_k<T, 5>(tmx, p, at, cb, offs, yt, partial, n_exp, rows, N, nb, rows_per_tile, items, splits, per_split, stream);
+            break;
+        }
     }
     if (e != 0) return e;
     if (splits > 1) return awq::launch_splitk_reduce<T>(partial, nullptr, yt, splits, rows, N, stream);

@@ -141,13 +141,14 @@ def wgmma_one_cta(capability: tuple[int, int], weights: int, m: int) -> bool:
 
 
 def wgmma_even_grid(units: int, stages: int, ctas: int) -> int:
-    """A one-CTA-per-SM wgmma grid of ctas CTAs over units (row tile, stage) units of stages stages
-    per row tile, shrunk by at most 1/16 where that gives every CTA the same whole share of one row
-    tile: no CTA runs a stage more than another, or ends in two row tiles (two partial tiles to
-    reduce). H200 session 28, bf16 µs, 128 / 132 CTAs: 4096x4096 (8 stages a CTA) k=5 M=32 13.1 /
+    """A one-wave wgmma grid of ctas CTAs over units (row tile, stage) units of stages stages per row
+    tile, shrunk by at most 1/16 where that gives every CTA the same whole share of one row tile: no
+    CTA runs a stage more than another, or ends in two row tiles (two partial tiles to reduce). H200
+    session 28, bf16 µs: one CTA per SM, 128 / 132 CTAs: 4096x4096 (8 stages a CTA) k=5 M=32 13.1 /
     13.8, M=64 16.1 / 17.0, k=4 12.6 / 13.1, 15.8 / 16.5; 14336x4096 (28 stages) k=5 29.1 / 29.8,
-    34.0 / 34.2. Uneven counts near 132 were no faster (4096x6144: 120 / 128 / 132 CTAs k=5 M=64
-    19.7 / 20.7 / 19.9)."""
+    34.0 / 34.2. Two per SM, 256 / 264 CTAs, k=4: 14336x4096 M=16 20.9 / 21.5, M=32 24.6 / 25.4, M=64
+    30.6 / 31.4; 4096x4096 M=16 11.1 / 11.5 (k=2 alike). Uneven counts gained nothing (4096x6144:
+    120 / 128 / 132 CTAs k=5 M=64 19.7 / 20.7 / 19.9; 4096x28672 k=4 M=64 256 / 264: 52.2 / 51.6)."""
     for c in range(ctas, ctas - ctas // 16 - 1, -1):
         if c > 0 and units % c == 0 and stages % (units // c) == 0:
             return c

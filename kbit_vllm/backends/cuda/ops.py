@@ -190,7 +190,7 @@ def wgmma_ok(dev: torch.device | str, k: int) -> bool:
 def wgmma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int) -> tuple[int, int, int]:
     """(rows, ctas, row_tiles) of the stream-K wgmma kernel: the row tile height, one wave (resident
     CTAs per SM x SMs: one for k = 5, two for k <= 4 but one on the small layers of
-    dispatch.WGMMA_ONE_CTA; a one-CTA grid a little smaller where that splits the row tiles evenly,
+    dispatch.WGMMA_ONE_CTA; a little smaller where that splits the row tiles evenly,
     dispatch.wgmma_even_grid), never more than the (row tile, stage) units; a row tile is
     WGMMA_TILE_COLS features x rows rows of x."""
     rows = wgmma_tile_rows(m)
@@ -202,9 +202,7 @@ def wgmma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int) -
     row_tiles = -(-n // WGMMA_TILE_COLS) * -(-m // rows)
     units = row_tiles * -(-nb // WGMMA_STAGE_BLOCKS)
     per_sm = 1 if dispatch.wgmma_one_cta(torch.cuda.get_device_capability(dev), n * nb * 32, m) else _WG_OCC[key]
-    ctas = min(per_sm * _sms(dev), units)
-    if per_sm == 1:
-        ctas = dispatch.wgmma_even_grid(units, -(-nb // WGMMA_STAGE_BLOCKS), ctas)
+    ctas = dispatch.wgmma_even_grid(units, -(-nb // WGMMA_STAGE_BLOCKS), min(per_sm * _sms(dev), units))
     return rows, ctas, row_tiles
 
 
