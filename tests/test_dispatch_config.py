@@ -179,6 +179,17 @@ def test_wgmma_even_grid() -> None:
         assert c == ctas or (units % c == 0 and stages % (units // c) == 0)
 
 
+def test_awq_wgmma_one_cta_rule() -> None:
+    """H200: the awq wgmma kernel runs one CTA per SM on o_proj-sized layers from M=16 and on
+    qkv-sized ones from M=33; the large layers keep two per SM, and other GPUs have no rule."""
+    from kbit_vllm.backends.cuda import awq_ops
+
+    o, qkv, gate_up, down = 4096 * 4096, 4096 * 6144, 4096 * 28672, 14336 * 4096
+    one = {(w, m): awq_ops.wgmma_one_cta((9, 0), w, m) for w in (o, qkv, gate_up, down) for m in (15, 16, 32, 33, 64)}
+    assert {key for key, v in one.items() if v} == {(o, 16), (o, 32), (o, 33), (o, 64), (qkv, 33), (qkv, 64)}
+    assert not awq_ops.wgmma_one_cta((8, 9), o, 64)
+
+
 def test_wgmma_one_cta_rule() -> None:
     """H200: the kbit wgmma kernel runs one CTA per SM on o_proj-sized layers from M=17 and on
     qkv-sized ones from M=33 (fewer partial tiles); the large layers keep two per SM, and other

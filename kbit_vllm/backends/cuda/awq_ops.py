@@ -195,11 +195,28 @@ def gemv_tc_ctas(dev: torch.device, suffix: str, m: int, in_f: int, out_f: int) 
 WGMMA_TILE_COLS = 256
 WGMMA_STAGE_INPUTS = 64
 _WG_OCC: dict[tuple[int, str, int], int] = {}
+# Layers (weights at most, first row) on which the wgmma kernel runs one CTA per SM instead of a
+# full wave of two (the kbit kernel's dispatch.WGMMA_ONE_CTA, measured for awq_orin); every grid is
+# then shrunk to an even split of the row tiles where one is near (dispatch.wgmma_even_grid). H200
+# 2026-11-27 session 28, g128 bf16 behind a writer of x, µs at 128 / 132 / 256 / 264 CTAs:
+# 4096x4096 M=16 9.0 / 10.4 / 9.8 / 10.5, M=32 11.5 / 12.2 / 12.4 / 13.4, M=64 14.5 / 16.2 / 17.2 /
+# 19.7; 4096x6144 M=16 13.1 / 12.6 / 12.5 / 11.1, M=32 15.3 / 14.7 / 15.7 / 13.5, M=64 18.5 / 17.5
+# / 21.1 / 19.1; 14336x4096 M=16 20.9 / 21.7 / 18.3 / 19.0, M=64 28.9 / 29.5 / 27.7 / 28.9.
+WGMMA_ONE_CTA: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {
+    (9, 0): ((17 << 20, 16), (26 << 20, 33)),
+}
+
+
+def wgmma_one_cta(capability: tuple[int, int], weights: int, m: int) -> bool:
+    """Whether the awq wgmma kernel runs one CTA per SM for an m-row activation of a layer with that
+    many weights (WGMMA_ONE_CTA)."""
+    return any(weights <= w and m >= r for w, r in WGMMA_ONE_CTA.get(capability, ()))
 
 
 def wgmma_config(dev: torch.device, suffix: str, m: int, in_f: int, out_f: int) -> tuple[int, int, int]:
     """(rows, ctas, row_tiles) of the wgmma kernel: its row tile height, one wave (resident CTAs per
-    SM x SMs), never more than its (row tile, stage) units."""
+    SM x SMs; one per SM on the small layers of WGMMA_ONE_CTA; a little smaller where that splits the
+    row tiles evenly, dispatch.wgmma_even_grid), never more than its (row tile, stage) units."""
     rows = wgmma_tile_rows(m)
     key = (dev.index if dev.index is not None else torch.cuda.current_device(), suffix, rows)
     if key not in _WG_OCC:
@@ -207,8 +224,10 @@ def wgmma_config(dev: torch.device, suffix: str, m: int, in_f: int, out_f: int) 
     if _WG_OCC[key] <= 0:
         raise RuntimeError(f"awq wgmma kernel ({suffix}, {rows} rows) cannot be resident on this GPU")
     row_tiles = -(-out_f // WGMMA_TILE_COLS) * -(-m // rows)
-    units = row_tiles * -(-in_f // WGMMA_STAGE_INPUTS)
-    return rows, min(_WG_OCC[key] * sm_count(dev), units), row_tiles
+    stages = -(-in_f // WGMMA_STAGE_INPUTS)
+    units = row_tiles * stages
+    per_sm = 1 if wgmma_one_cta(torch.cuda.get_device_capability(dev), in_f * out_f, m) else _WG_OCC[key]
+    return rows, dispatch.wgmma_even_grid(units, stages, min(per_sm * sm_count(dev), units)), row_tiles
 
 
 def linear_path(x2: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, bias: torch.Tensor | None,
