@@ -12,10 +12,10 @@
 // surplus CTAs exit at once); z = K split. The x box's rows past the expert's last row belong to
 // the next expert (or read as zeros past the last row): their accumulator rows are not stored.
 // k = 5 looks its pair codes up in the 32-copy table (kbit_lut5.cuh) at one CTA per SM where the
-// grid is at most one CTA per SM, else in the 8-copy one at two. H200 session 28, seed 002's 8
-// experts, k=5 µs 32-copy / 8-copy: 2048x512 at 8 / 64 tokens (128 CTAs) 9.3 / 12.7 against 10.9 /
-// 14.5, 512x2048 8.7 / 13.2 against 11.0 / 16.5; the 32-copy table at one CTA per SM lost on
-// larger grids (2048x512 at 256 tokens, 320 CTAs, 30.4 against 27.7).
+// CTAs expected to find work are at most one per SM, else in the 8-copy one at two. H200 session
+// 28, seed 002's 8 experts, k=5 µs 32-copy / 8-copy: 2048x512 at 8 / 64 tokens (128 CTAs) 9.4 /
+// 12.8 against 11.1 / 14.7, 512x2048 8.7 / 13.2 against 11.1 / 16.6; the 32-copy table at one CTA
+// per SM lost on larger grids (2048x512 at 256 tokens, 320 CTAs, 30.4 against 27.7).
 // Split-K: every split stores its fp32 partial rows into workspace[split] ([splits, rows, N]),
 // summed in split order by awq_mma.cu's split-K reduction (every row belongs to exactly one
 // expert, so every partial is written): the same y in every run.
@@ -91,8 +91,8 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
         __syncthreads();  // every warp decoded stage s - 1 and its wgmmas of s - 2 are done
         if (s + S::kAhead < n && (tid & 31) == 0 && (tid >> 5) < kWgLoadParts)  // one part per warp
             load_part(s + S::kAhead, tid >> 5);
-        kw_stage<T, K, R, C5>(stages + slot * S::kSlotBytes, slots_s + static_cast<uint32_t>(slot * S::kSlotBytes), tbl, L,
-                          acc, a);
+        kw_stage<T, K, R, C5>(stages + slot * S::kSlotBytes, slots_s + static_cast<uint32_t>(slot * S::kSlotBytes),
+                              tbl, L, acc, a);
     }
     ptx::wgmma_wait<0>();
     kw_fence_acc<R>(acc);

@@ -200,10 +200,10 @@ def wgmma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int) -
     if _WG_OCC[key] <= 0:
         raise RuntimeError(f"kbit wgmma kernel (k={k}, {rows} rows) cannot be resident on this GPU")
     row_tiles = -(-n // WGMMA_TILE_COLS) * -(-m // rows)
-    units = row_tiles * -(-nb // WGMMA_STAGE_BLOCKS)
+    stages = -(-nb // WGMMA_STAGE_BLOCKS)
+    units = row_tiles * stages
     per_sm = 1 if dispatch.wgmma_one_cta(torch.cuda.get_device_capability(dev), n * nb * 32, m) else _WG_OCC[key]
-    ctas = dispatch.wgmma_even_grid(units, -(-nb // WGMMA_STAGE_BLOCKS), min(per_sm * _sms(dev), units))
-    return rows, ctas, row_tiles
+    return rows, dispatch.wgmma_even_grid(units, stages, min(per_sm * _sms(dev), units)), row_tiles
 
 
 def path_ok(dev: torch.device, path: str, k: int, m: int) -> bool:
