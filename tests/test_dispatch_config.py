@@ -102,7 +102,7 @@ def test_kbit_wgmma_rows() -> None:
 
 def test_kbit5_hopper_rules() -> None:
     """H200, k = 5 (no MMA variant 5, no stream-K GEMV): the tensor-core GEMV at M = 1..4 above 100 M
-    weights and 1..2 above 40 M, then the wgmma kernel up to 192 rows; from M = 2 up to 192 rows above
+    weights and 1..2 above 40 M, then the wgmma kernel up to 192 rows; from M = 1 up to 192 rows above
     20 M weights, from 3 up to 192 above MMA_SMALL_LAYER and up to 64 on small layers; the
     lane-shuffle GEMV below, dequantize + cuBLAS past them, the GEMV / MMA where the Hopper kernels
     cannot run."""
@@ -112,7 +112,7 @@ def test_kbit5_hopper_rules() -> None:
     assert [dispatch.choose_path(m, (9, 0), down, 5, wgmma=True) for m in (1, 2, 3, 192)] == [
         "gemv_tc", "gemv_tc", "wgmma", "wgmma"]
     assert [dispatch.choose_path(m, (9, 0), qkv, 5, wgmma=True) for m in (1, 2, 192, 193)] == [
-        "gemv", "wgmma", "wgmma", "dequant"]
+        "wgmma", "wgmma", "wgmma", "dequant"]
     assert [dispatch.choose_path(m, (9, 0), o, 5, wgmma=True) for m in (2, 3, 192, 193)] == [
         "gemv", "wgmma", "wgmma", "dequant"]
     assert [dispatch.choose_path(m, (9, 0), small, 5, wgmma=True) for m in (2, 3, 64, 65)] == [

@@ -114,9 +114,11 @@ WGMMA_SMALL_ROWS: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
 # 10.6 / 12.7, M=3 12.8 / 10.8 / 14.9. Session 28 (the wgmma kernel on its 32-copy table, one CTA per
 # SM), wgmma / dequantize + cuBLAS: 4096x6144 M=128 29.8 / 36.1, M=192 39.9 / 43.1, M=256 49.9 / 41.6;
 # 4096x4096 M=128 23.0 / 27.2, M=192 29.5 / 31.6, M=256 36.6 / 28.8; 5120x2048 M=128 19.6 / 21.1,
-# 2048x5120 18.6 / 15.6, 2048x4096 16.5 / 15.3 (the small layers keep M <= 64).
+# 2048x5120 18.6 / 15.6, 2048x4096 16.5 / 15.3 (the small layers keep M <= 64). At M=1, µs
+# tensor-core GEMV / wgmma / lane-shuffle GEMV: 4096x6144 15.7 / 15.1 / 15.8 (session 26: 16.0 /
+# 15.8 / 16.0), 4096x4096 12.7 / 12.0 / 10.9.
 WGMMA_RULES_K5: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((40 << 20, 1, 192), (20 << 20, 2, 192), (MMA_SMALL_LAYER, 3, 192), (0, 3, 64)),
+    (9, 0): ((40 << 20, 1, 192), (20 << 20, 1, 192), (MMA_SMALL_LAYER, 3, 192), (0, 3, 64)),
 }
 TC_ROWS_K5: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
     (9, 0): ((100 << 20, 1, 4), (40 << 20, 1, 2)),
