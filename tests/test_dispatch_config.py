@@ -185,9 +185,11 @@ def test_awq_wgmma_one_cta_rule() -> None:
     from kbit_vllm.backends.cuda import awq_ops
 
     o, qkv, gate_up, down = 4096 * 4096, 4096 * 6144, 4096 * 28672, 14336 * 4096
-    one = {(w, m): awq_ops.wgmma_one_cta((9, 0), w, m) for w in (o, qkv, gate_up, down) for m in (15, 16, 32, 33, 64)}
+    rules = awq_ops.WGMMA_ONE_CTA
+    one = {(w, m): dispatch.wgmma_one_cta((9, 0), w, m, rules)
+           for w in (o, qkv, gate_up, down) for m in (15, 16, 32, 33, 64)}
     assert {key for key, v in one.items() if v} == {(o, 16), (o, 32), (o, 33), (o, 64), (qkv, 33), (qkv, 64)}
-    assert not awq_ops.wgmma_one_cta((8, 9), o, 64)
+    assert not dispatch.wgmma_one_cta((8, 9), o, 64, rules)
 
 
 def test_wgmma_one_cta_rule() -> None:

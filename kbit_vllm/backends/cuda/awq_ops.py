@@ -207,12 +207,6 @@ WGMMA_ONE_CTA: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {
 }
 
 
-def wgmma_one_cta(capability: tuple[int, int], weights: int, m: int) -> bool:
-    """Whether the awq wgmma kernel runs one CTA per SM for an m-row activation of a layer with that
-    many weights (WGMMA_ONE_CTA)."""
-    return any(weights <= w and m >= r for w, r in WGMMA_ONE_CTA.get(capability, ()))
-
-
 def wgmma_config(dev: torch.device, suffix: str, m: int, in_f: int, out_f: int) -> tuple[int, int, int]:
     """(rows, ctas, row_tiles) of the wgmma kernel: its row tile height, one wave (resident CTAs per
     SM x SMs; one per SM on the small layers of WGMMA_ONE_CTA; a little smaller where that splits the
@@ -226,7 +220,8 @@ def wgmma_config(dev: torch.device, suffix: str, m: int, in_f: int, out_f: int) 
     row_tiles = -(-out_f // WGMMA_TILE_COLS) * -(-m // rows)
     stages = -(-in_f // WGMMA_STAGE_INPUTS)
     units = row_tiles * stages
-    per_sm = 1 if wgmma_one_cta(torch.cuda.get_device_capability(dev), in_f * out_f, m) else _WG_OCC[key]
+    one = dispatch.wgmma_one_cta(torch.cuda.get_device_capability(dev), in_f * out_f, m, WGMMA_ONE_CTA)
+    per_sm = 1 if one else _WG_OCC[key]
     return rows, dispatch.wgmma_even_grid(units, stages, min(per_sm * sm_count(dev), units)), row_tiles
 
 

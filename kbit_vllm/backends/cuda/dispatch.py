@@ -136,10 +136,13 @@ WGMMA_ONE_CTA: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {
 }
 
 
-def wgmma_one_cta(capability: tuple[int, int], weights: int, m: int) -> bool:
+def wgmma_one_cta(capability: tuple[int, int], weights: int, m: int,
+                  rules: dict[tuple[int, int], tuple[tuple[int, int], ...]] | None = None) -> bool:
     """Whether the wgmma kernel runs one CTA per SM for an m-row activation of a layer with that
-    many weights (WGMMA_ONE_CTA)."""
-    return any(weights <= w and m >= r for w, r in WGMMA_ONE_CTA.get(capability, ()))
+    many weights: rules (weights at most, first row) per capability, the kbit kernel's
+    WGMMA_ONE_CTA unless given (awq_ops.WGMMA_ONE_CTA for awq_orin)."""
+    table = WGMMA_ONE_CTA if rules is None else rules
+    return any(weights <= w and m >= r for w, r in table.get(capability, ()))
 
 
 def wgmma_even_grid(units: int, stages: int, ctas: int) -> int:
