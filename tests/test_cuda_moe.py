@@ -25,7 +25,7 @@ _OK, _WHY = cuda_kernels_ok()
 pytestmark = pytest.mark.skipif(not _OK, reason=f"CUDA grouped kernels unavailable: {_WHY}")
 
 if _OK:
-    from kbit_vllm.backends.cuda import awq_ops
+    from kbit_vllm.backends.cuda import awq_ops, dispatch
     from kbit_vllm.backends.cuda import ops as cuda_ops
 
 DEV = "cuda"
@@ -98,7 +98,7 @@ def test_kbit_grouped_all_paths(k, dtype, in_f, out_f, n_exp, gen):
         runs = [("gemv", {}), ("gemv_sk", {}), ("gemv_slot", {})] + [("mma", {"bm": bm}) for bm in KBIT_BMS]
         runs += [("gemv_sk", {"mp": mp}) for mp in range(1, cuda_ops.GSK_MAX_ROWS + 1)]  # each rows-per-pass
         if cuda_ops.wgmma_ok(DEV, k):
-            runs += [("wgmma", {"bm": r}) for r in cuda_ops.WGMMA_ROW_TILES]  # the Hopper kernel, each row tile
+            runs += [("wgmma", {"bm": r}) for r in cuda_ops.KBIT_WGMMA_ROW_TILES]  # the Hopper kernel, each row tile
         if dtype == torch.bfloat16:
             runs.append(("dequant", {}))  # every expert dequantized + torch's grouped GEMM (bf16 prefill)
         for path, kw in runs:
@@ -106,6 +106,27 @@ def test_kbit_grouped_all_paths(k, dtype, in_f, out_f, n_exp, gen):
             _check(y, want, KBIT_TOL[dtype], f"rows={rows} {path} {kw} offsets={offs.tolist()}")
         y = ops.kbit_grouped_linear(x, pt, at, cb, offs, k, out_f)  # the op's own dispatch
         _check(y, want, KBIT_TOL[dtype], f"rows={rows} op")
+
+
+@pytest.mark.parametrize("one_cta", (False, True))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kbit5_grouped_wgmma_tables(one_cta, dtype, gen, monkeypatch):
+    """k = 5's grouped wgmma on each pair table, whatever the grid (dispatch.grouped_wgmma_one_cta
+    forced): 32 copies at one CTA per SM, 8 at two; each row tile, split-K and not, on outputs
+    poisoned first."""
+    if not cuda_ops.wgmma_ok(DEV, 5):
+        pytest.skip("wgmma needs compute capability 9.0 and an sm_90a library")
+    monkeypatch.setattr(dispatch, "grouped_wgmma_one_cta", lambda *_: one_cta)
+    for in_f, out_f, n_exp in KBIT_SHAPES:
+        pt, at, cb, w64 = _kbit_experts(n_exp, out_f, in_f, 5)
+        for rows in (3, 64, 200):
+            offs = _offsets(n_exp, rows, gen)
+            x = torch.randn(rows, in_f, device=DEV, dtype=dtype)
+            want = _reference(x, w64, offs)
+            for r in cuda_ops.KBIT_WGMMA_ROW_TILES:
+                y = cuda_ops.grouped_path(x, pt, at, cb, offs, 5, out_f, "wgmma", bm=r,
+                                          out=_poisoned(rows, out_f, dtype))
+                _check(y, want, KBIT_TOL[dtype], f"rows={rows} bm={r} one_cta={one_cta}")
 
 
 @pytest.mark.parametrize("k", (3, 4))
@@ -120,7 +141,7 @@ def test_kbit_grouped_deterministic_mode(k, dtype, gen, monkeypatch):
         offs = _offsets(n_exp, rows, gen)
         x = torch.randn(rows, in_f, device=DEV, dtype=dtype)
         want = _reference(x, w64, offs)
-        wg = [("wgmma", 16), ("wgmma", 64)] if cuda_ops.wgmma_ok(DEV, k) else []
+        wg = [("wgmma", 16), ("wgmma", 64), ("wgmma", 128)] if cuda_ops.wgmma_ok(DEV, k) else []
         for path, bm in [("gemv", None), ("gemv_sk", None)] + [("mma", bm) for bm in KBIT_BMS] + wg:
             first = cuda_ops.grouped_path(x, pt, at, cb, offs, k, out_f, path, bm=bm,
                                           out=_poisoned(rows, out_f, dtype))
@@ -266,18 +287,20 @@ def test_kbit_grouped_graph_replay(rows, deterministic, gen, monkeypatch):
 
 @pytest.mark.parametrize("deterministic", (True, False))
 def test_grouped_dequant_path_dispatch_and_graph_replay(deterministic, gen, monkeypatch):
-    """bf16 with more than dispatch.GROUPED_DEQUANT_MIN_ROWS expected rows per expert (kbit where its
-    grouped wgmma runs: GROUPED_DEQUANT_MIN_ROWS_WGMMA): the kbit and awq ops take the dequantize +
-    grouped GEMM path, right, captured and replayed in a CUDA graph; fp16 keeps the grouped MMA (or,
-    on Hopper, the grouped wgmma)."""
+    """bf16 with more than dispatch.GROUPED_DEQUANT_MIN_ROWS expected rows per expert (where the
+    grouped wgmma runs: GROUPED_DEQUANT_MIN_ROWS_WGMMA, kbit's GROUPED_DEQUANT_MIN_ROWS_WGMMA_KBIT):
+    the kbit and awq ops take the dequantize + grouped GEMM path, right, captured and replayed in a
+    CUDA graph; fp16 keeps the grouped MMA (or, on Hopper, the grouped wgmma)."""
     from kbit_vllm.backends.cuda import dispatch, grouped_mm
 
     monkeypatch.setenv("KBIT_VLLM_DETERMINISTIC", "1" if deterministic else "0")
-    n_exp, in_f, out_f, k, rows = 4, 1024, 384, 4, 2048
+    n_exp, in_f, out_f, k, rows = 4, 1024, 384, 4, 4096
     assert dispatch.choose_grouped_path(rows, n_exp, (9, 0)) == "mma"
     assert grouped_mm.prefers_dequant(rows, n_exp, torch.bfloat16, (9, 0), out_f)
     assert grouped_mm.prefers_dequant(rows, n_exp, torch.bfloat16, (9, 0), out_f, wgmma=True)
-    assert not grouped_mm.prefers_dequant(rows, 16, torch.bfloat16, (9, 0), out_f, wgmma=True)  # 128 per expert
+    assert grouped_mm.prefers_dequant(rows, n_exp, torch.bfloat16, (9, 0), out_f, wgmma=True, kbit=True)
+    assert not grouped_mm.prefers_dequant(rows, 32, torch.bfloat16, (9, 0), out_f, wgmma=True)  # 128 per expert
+    assert not grouped_mm.prefers_dequant(rows, 8, torch.bfloat16, (9, 0), out_f, wgmma=True, kbit=True)  # 512
     assert not grouped_mm.prefers_dequant(rows, n_exp, torch.float16, (9, 0), out_f)
     assert not grouped_mm.grouped_mm_ok(torch.bfloat16, (9, 0), 100)  # rows of 200 bytes: not 16-aligned
     pt, at, cb, w64 = _kbit_experts(n_exp, out_f, in_f, k)

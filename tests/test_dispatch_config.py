@@ -81,37 +81,57 @@ def test_kbit_tensor_core_gemv_rows() -> None:
 
 
 def test_kbit_wgmma_rows() -> None:
-    """H200: the wgmma kernel takes WGMMA_ROWS (M = 17..192) on layers above MMA_SMALL_LAYER and
-    WGMMA_SMALL_ROWS (M = 17..64, 17..32 up to 2 M weights) on smaller ones, where it can run
-    (ops.wgmma_ok, not deterministic mode); elsewhere the MMA / dequantize + cuBLAS rules stand."""
-    big, small, tiny = 4096 * 28672, 2048 * 2048, 2048 * 512
-    first, last = dispatch.WGMMA_ROWS[(9, 0)]
-    assert dispatch.choose_path(first, (9, 0), big, 4, wgmma=True) == "wgmma"
-    assert dispatch.choose_path(last, (9, 0), big, 2, wgmma=True) == "wgmma"
-    assert dispatch.choose_path(first - 1, (9, 0), big, 4, wgmma=True) == "mma"
-    assert dispatch.choose_path(last + 1, (9, 0), big, 4, wgmma=True) == "dequant"
-    assert dispatch.choose_path(first, (9, 0), big, 4, wgmma=False) == "mma"
-    assert dispatch.choose_path(last, (9, 0), big, 4, wgmma=False) == "dequant"
+    """H200: the wgmma kernel takes WGMMA_RULES' rows on layers above MMA_SMALL_LAYER (M = 17..512
+    above 100 M weights, 17..384 above 40 M, 17..256 above 20 M, 17..192 below) and WGMMA_SMALL_ROWS (M = 17..64, 17..32
+    up to 2 M weights) on smaller ones, where it can run (ops.wgmma_ok, not deterministic mode);
+    elsewhere the MMA / dequantize + cuBLAS rules stand."""
+    big, down, qkv, o = 4096 * 28672, 14336 * 4096, 4096 * 6144, 4096 * 4096
+    small, tiny = 2048 * 2048, 2048 * 512
+    for w, last in ((big, 512), (down, 384), (qkv, 256), (o, 192)):
+        assert dispatch.choose_path(17, (9, 0), w, 4, wgmma=True) == "wgmma"
+        assert dispatch.choose_path(last, (9, 0), w, 2, wgmma=True) == "wgmma"
+        assert dispatch.choose_path(16, (9, 0), w, 4, wgmma=True) == "mma"
+        assert dispatch.choose_path(last + 1, (9, 0), w, 4, wgmma=True) == "dequant"
+        assert dispatch.choose_path(17, (9, 0), w, 4, wgmma=False) == "mma"
+        assert dispatch.choose_path(last, (9, 0), w, 4, wgmma=False) == "dequant"
+    assert dispatch.choose_path(512, (9, 0), None, 4, wgmma=True) == "wgmma"  # no size: a large layer
     assert [dispatch.choose_path(m, (9, 0), small, 4, wgmma=True) for m in (16, 17, 64, 65)] == [
         "mma", "wgmma", "wgmma", "dequant"]
     assert [dispatch.choose_path(m, (9, 0), tiny, 2, wgmma=True) for m in (17, 32, 33)] == ["wgmma", "wgmma", "dequant"]
     assert dispatch.choose_path(17, (9, 0), small, 4, wgmma=False) == "mma"
-    assert dispatch.choose_path(first, (8, 0), big, 4, wgmma=True) != "wgmma"
-    assert dispatch.choose_path(first, (8, 0), small, 4, wgmma=True) != "wgmma"
+    assert dispatch.choose_path(17, (8, 0), big, 4, wgmma=True) != "wgmma"
+    assert dispatch.choose_path(17, (8, 0), small, 4, wgmma=True) != "wgmma"
+
+
+def test_kbit_wgmma_dense_rows() -> None:
+    """H200: the dense wgmma kernel's row tile is the smallest that holds M up to 64 rows; past it,
+    on layers above 20 M weights, 128 rows where ceil(M / 128) tiles at WGMMA_WIDE_TILE_COST cost
+    less than ceil(M / 64) 64-row ones (k <= 4: M = 65..128 and from 193 on; k = 5 from 65 on),
+    else 64; smaller layers and other GPUs keep 64."""
+    big, o = 4096 * 28672, 4096 * 4096
+    rows = {m: dispatch.wgmma_dense_rows(m, (9, 0), big, 4) for m in (1, 17, 64, 65, 128, 129, 192, 193, 256,
+                                                                     257, 320, 321, 384)}
+    assert rows == {1: 16, 17: 32, 64: 64, 65: 128, 128: 128, 129: 64, 192: 64, 193: 128, 256: 128, 257: 128,
+                    320: 128, 321: 128, 384: 128}
+    assert [dispatch.wgmma_dense_rows(m, (9, 0), big, 5) for m in (64, 65, 129, 192, 257, 384)] == [
+        64, 128, 128, 128, 128, 128]
+    assert [dispatch.wgmma_dense_rows(m, (9, 0), o, k) for m in (65, 128, 256) for k in (4, 5)] == [64] * 6
+    assert dispatch.wgmma_dense_rows(128, (8, 0), big, 4) == 64
 
 
 def test_kbit5_hopper_rules() -> None:
     """H200, k = 5 (no MMA variant 5, no stream-K GEMV): the tensor-core GEMV at M = 1..4 above 100 M
-    weights and 1..2 above 40 M, then the wgmma kernel up to 192 rows; from M = 1 up to 192 rows above
+    weights and 1..2 above 40 M, then the wgmma kernel up to 512 rows above 100 M and 384 above 40 M;
+    from M = 1 up to 256 rows above
     20 M weights, from 3 up to 192 above MMA_SMALL_LAYER and up to 64 on small layers; the
     lane-shuffle GEMV below, dequantize + cuBLAS past them, the GEMV / MMA where the Hopper kernels
     cannot run."""
     big, down, qkv, o, small = 4096 * 28672, 14336 * 4096, 4096 * 6144, 4096 * 4096, 2048 * 5120
-    assert [dispatch.choose_path(m, (9, 0), big, 5, wgmma=True) for m in (1, 4, 5, 64, 192, 193)] == [
+    assert [dispatch.choose_path(m, (9, 0), big, 5, wgmma=True) for m in (1, 4, 5, 64, 512, 513)] == [
         "gemv_tc", "gemv_tc", "wgmma", "wgmma", "wgmma", "dequant"]
-    assert [dispatch.choose_path(m, (9, 0), down, 5, wgmma=True) for m in (1, 2, 3, 192)] == [
-        "gemv_tc", "gemv_tc", "wgmma", "wgmma"]
-    assert [dispatch.choose_path(m, (9, 0), qkv, 5, wgmma=True) for m in (1, 2, 192, 193)] == [
+    assert [dispatch.choose_path(m, (9, 0), down, 5, wgmma=True) for m in (1, 2, 3, 384, 385)] == [
+        "gemv_tc", "gemv_tc", "wgmma", "wgmma", "dequant"]
+    assert [dispatch.choose_path(m, (9, 0), qkv, 5, wgmma=True) for m in (1, 2, 256, 257)] == [
         "wgmma", "wgmma", "wgmma", "dequant"]
     assert [dispatch.choose_path(m, (9, 0), o, 5, wgmma=True) for m in (2, 3, 192, 193)] == [
         "gemv", "wgmma", "wgmma", "dequant"]
@@ -222,6 +242,40 @@ def test_awq_tensor_core_gemv_rules() -> None:
     assert all(awq_ops.choose_path(m, (8, 0), True, gate_up) != "gemv_tc" for m in range(1, 9))
     assert [awq_ops.gemv_tc_units(i, o) for i, o in ((4096, 28672), (2720, 1000), (128, 8))] == [
         448 * 64, 16 * 43, 2]
+
+
+def test_grouped_wgmma_one_cta() -> None:
+    """k = 5's grouped wgmma takes the 32-copy table at one CTA per SM where the CTAs expected to find
+    work fit one per SM (seed 002's 8 experts at 8 and 64 tokens), the 8-copy one at two per SM on
+    larger grids (256 tokens in 64-row tiles; Qwen3-MoE's 128 experts at 64 tokens); k <= 4 never."""
+    sms = 132
+
+    def one(rows: int, n_exp: int, in_f: int, out_f: int, bits: int = 5, wide: bool = True) -> bool:
+        r, _, splits = dispatch.grouped_wgmma_config(rows, n_exp, in_f, out_f, sms, bits, wide=wide)
+        return dispatch.grouped_wgmma_one_cta(rows, n_exp, in_f, out_f, r, splits, sms, bits)
+
+    assert one(8 * 8, 8, 2048, 512) and one(64 * 8, 8, 2048, 512) and one(64 * 8, 8, 512, 2048)
+    assert not one(256 * 8, 8, 2048, 512, wide=False)
+    assert one(256 * 8, 8, 2048, 512)  # 128-row tiles: 2 x 8 x 2 tiles x 4 splits
+    assert not one(64 * 8, 128, 2048, 1536)
+    assert not one(8 * 8, 8, 2048, 512, bits=4)
+
+
+def test_kbit_grouped_wgmma_wide_rows() -> None:
+    """The kbit grouped wgmma (wide=True) takes 128-row tiles where wgmma_kbit_rows does for more than
+    64 expected rows per expert, and K splits up to one wave of one CTA per SM with them;
+    awq_orin's kernel (wide=False) never."""
+    sms = 132
+    cfg = dispatch.grouped_wgmma_config
+    assert cfg(256 * 8, 8, 2048, 512, sms, 4, wide=True) == (128, 23, 4)    # 32 tiles
+    assert cfg(512 * 8, 8, 2048, 512, sms, 4, wide=True)[::2] == (128, 2)  # 64 tiles
+    assert cfg(1024 * 8, 8, 2048, 512, sms, 4, wide=True)[::2] == (128, 1)  # 128 tiles: one wave
+    assert cfg(1024 * 8, 128, 2048, 1536, sms, 4, wide=True)[0] == 64  # 64 expected rows per expert
+    assert cfg(2048 * 8, 128, 2048, 1536, sms, 4, wide=True)[0] == 128
+    assert cfg(2048 * 8, 128, 2048, 1536, sms, 5, wide=True)[0] == 128
+    assert cfg(4096 * 8, 128, 2048, 1536, sms, 4, wide=True)[0] == 128
+    assert cfg(4096 * 8, 128, 2048, 1536, sms, 4)[0] == 64
+    assert cfg(64 * 8, 128, 2048, 1536, sms, 4, wide=True)[0] == 16  # decode batches as before
 
 
 def test_awq_grouped_wgmma_config() -> None:

@@ -27,7 +27,7 @@ namespace kbit {
 template <typename T>
 int launch_grouped_wgmma(const void* x, const void* pt, const uint8_t* at, const float* cb, const int* offs, void* y,
                          int k, int n_exp, int rows, int N, int nb, int rows_per_tile, int items, int splits,
-                         float* workspace, cudaStream_t stream);
+                         int one_cta, float* workspace, cudaStream_t stream);
 }  // namespace kbit
 
 namespace awq {
@@ -70,9 +70,10 @@ extern "C" {
     }                                                                                                              \
     int kbit_vllm_grouped_wgmma_##SUFFIX(const void* x, const void* pt, const uint8_t* at, const float* cb,       \
                                          const int* offs, void* y, int k, int n_exp, int rows, int N, int nb,      \
-                                         int rows_per_tile, int items, int splits, float* ws, void* stream) {      \
+                                         int rows_per_tile, int items, int splits, int one_cta, float* ws,         \
+                                         void* stream) {                                                           \
         return kbit::launch_grouped_wgmma<T>(x, pt, at, cb, offs, y, k, n_exp, rows, N, nb, rows_per_tile, items,  \
-                                             splits, ws, static_cast<cudaStream_t>(stream));                       \
+                                             splits, one_cta, ws, static_cast<cudaStream_t>(stream));              \
     }                                                                                                              \
     int kbit_vllm_awq_grouped_gemv_##SUFFIX(const void* x, const int32_t* wq, const void* sz, const int* offs,    \
                                             void* y, int n_exp, int rows, int in, int out, int group, int slots,   \

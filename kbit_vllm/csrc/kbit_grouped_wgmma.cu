@@ -12,7 +12,8 @@
 // surplus CTAs exit at once); z = K split. The x box's rows past the expert's last row belong to
 // the next expert (or read as zeros past the last row): their accumulator rows are not stored.
 // k = 5 looks its pair codes up in the 32-copy table (kbit_lut5.cuh) at one CTA per SM where the
-// CTAs expected to find work are at most one per SM, else in the 8-copy one at two. H200 session
+// CTAs expected to find work are at most one per SM, else in the 8-copy one at two (the host
+// decides: dispatch.grouped_wgmma_one_cta). H200 session
 // 28, seed 002's 8 experts, k=5 µs 32-copy / 8-copy: 2048x512 at 8 / 64 tokens (128 CTAs) 9.4 /
 // 12.8 against 11.1 / 14.7, 512x2048 8.7 / 13.2 against 11.1 / 16.6; the 32-copy table at one CTA
 // per SM lost on larger grids (2048x512 at 256 tokens, 320 CTAs, 30.4 against 27.7).
@@ -159,23 +160,26 @@ int launch_k(const CUtensorMap& tmx, const uint32_t* pt, const uint8_t* at, cons
         case 16: return launch_rows<T, K, 16, C5>(tmx, pt, at, cb, offs, y, partial, n_exp, rows, N, nb, items, splits, per_split, stream);
         case 32: return launch_rows<T, K, 32, C5>(tmx, pt, at, cb, offs, y, partial, n_exp, rows, N, nb, items, splits, per_split, stream);
         case 64: return launch_rows<T, K, 64, C5>(tmx, pt, at, cb, offs, y, partial, n_exp, rows, N, nb, items, splits, per_split, stream);
+        case 128: return launch_rows<T, K, 128, C5>(tmx, pt, at, cb, offs, y, partial, n_exp, rows, N, nb, items, splits, per_split, stream);
         default: return static_cast<int>(cudaErrorInvalidValue);
     }
 }
 
 }  // namespace
 
-// k = 2..5; rows_per_tile: x rows per work item (16, 32 or 64; the wgmma N); items: grid rows, an
+// k = 2..5; rows_per_tile: x rows per work item (16, 32, 64 or 128; the wgmma N); items: grid rows, an
 // upper bound on the (expert, rows_per_tile-row tile) items: (rows + min(n_exp, rows) *
 // (rows_per_tile - 1)) / rows_per_tile; splits > 1 needs workspace [splits, rows, N] fp32 (no
-// zeroing needed). Needs compute capability 9.0 and sm_90a code (ptx::wgmma_device_ok).
+// zeroing needed); one_cta (k = 5 only, else 0): the 32-copy table at one CTA per SM instead of the
+// 8-copy one at two (the host's choice: dispatch.grouped_wgmma_one_cta). Needs compute capability
+// 9.0 and sm_90a code (ptx::wgmma_device_ok).
 template <typename T>
 int launch_grouped_wgmma(const void* x, const void* pt, const uint8_t* at, const float* cb, const int* offs, void* y,
                          int k, int n_exp, int rows, int N, int nb, int rows_per_tile, int items, int splits,
-                         float* workspace, cudaStream_t stream) {
+                         int one_cta, float* workspace, cudaStream_t stream) {
     if (rows <= 0 || N <= 0) return 0;
     if (k < 2 || k > 5 || nb <= 0 || n_exp <= 0 || splits < 1 || items < 1 || items > 65535 ||
-        !ptx::wgmma_device_ok())
+        (one_cta != 0 && (one_cta != 1 || k != 5)) || !ptx::wgmma_device_ok())
         return static_cast<int>(cudaErrorInvalidValue);
     const int nst = (nb + kWgBK - 1) / kWgBK;
     const int per_split = (nst + splits - 1) / splits;
@@ -196,21 +200,10 @@ int launch_grouped_wgmma(const void* x, const void* pt, const uint8_t* at, const
         case 2: e = launch_k<T, 2>(tmx, p, at, cb, offs, yt, partial, n_exp, rows, N, nb, rows_per_tile, items, splits, per_split, stream); break;
         case 3: e = launch_k<T, 3>(tmx, p, at, cb, offs, yt, partial, n_exp, rows, N, nb, rows_per_tile, items, splits, per_split, stream); break;
         case 4: e = launch_k<T, 4>(tmx, p, at, cb, offs, yt, partial, n_exp, rows, N, nb, rows_per_tile, items, splits, per_split, stream); break;
-        default: {
-            // k = 5: the 32-copy table (no bank conflicts) at one CTA per SM where the CTAs that find
-            // work (rows spread evenly over min(n_exp, rows) experts; items is only a bound) fit one
-            // wave of those; larger grids keep the 8-copy table at two CTAs per SM (header).
-            int dev = 0, sms = 0;
-            if (cudaGetDevice(&dev) != cudaSuccess ||
-                cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-                return static_cast<int>(cudaErrorInvalidValue);
-            const int active = min(n_exp, rows), per = (rows + active - 1) / active;
-            const long long ctas = static_cast<long long>((N + kWgCols - 1) / kWgCols) * active *
-                                   ((per + rows_per_tile - 1) / rows_per_tile) * splits;
-            e = ctas <= sms ? launch_k<T, 5, 32>(tmx, p, at, cb, offs, yt, partial, n_exp, rows, N, nb, rows_per_tile, items, splits, per_split, stream)
-                            : launch_k<T, 5>(tmx, p, at, cb, offs, yt, partial, n_exp, rows, N, nb, rows_per_tile, items, splits, per_split, stream);
+        default:
+            e = one_cta ? launch_k<T, 5, 32>(tmx, p, at, cb, offs, yt, partial, n_exp, rows, N, nb, rows_per_tile, items, splits, per_split, stream)
+                        : launch_k<T, 5>(tmx, p, at, cb, offs, yt, partial, n_exp, rows, N, nb, rows_per_tile, items, splits, per_split, stream);
             break;
-        }
     }
     if (e != 0) return e;
     if (splits > 1) return awq::launch_splitk_reduce<T>(partial, nullptr, yt, splits, rows, N, stream);
@@ -218,8 +211,9 @@ int launch_grouped_wgmma(const void* x, const void* pt, const uint8_t* at, const
 }
 
 template int launch_grouped_wgmma<half>(const void*, const void*, const uint8_t*, const float*, const int*, void*, int,
-                                        int, int, int, int, int, int, int, float*, cudaStream_t);
+                                        int, int, int, int, int, int, int, int, float*, cudaStream_t);
 template int launch_grouped_wgmma<__nv_bfloat16>(const void*, const void*, const uint8_t*, const float*, const int*,
-                                                 void*, int, int, int, int, int, int, int, int, float*, cudaStream_t);
+                                                 void*, int, int, int, int, int, int, int, int, int, float*,
+                                                 cudaStream_t);
 
 }  // namespace kbit

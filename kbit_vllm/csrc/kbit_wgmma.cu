@@ -16,7 +16,11 @@
 //   accumulators hold 4 adjacent features per x row (one 8-byte store). (16 features per warp, one
 //   m64 tile, ran ~1.5x the instructions per weight: RESULTS.md, session 8.)
 // * Row tiles of R = 16, 32 or 64 x rows (the wgmma N; the host picks the smallest that holds M,
-//   so small M does not pay n64 tensor work on zero rows).
+//   so small M does not pay n64 tensor work on zero rows), or 128 past 64 rows on large layers
+//   (dispatch.wgmma_dense_rows): one decode of a stage then feeds twice the rows, at one CTA per SM
+//   (128 accumulators a thread). A 128-row tile costs ~1.7x a 64-row one at k <= 4 and ~1.4x at
+//   k = 5, whose decode is dearer: the kernel is bound by the latency of each warp's decode chain
+//   at 2 warps a scheduler, not by the tensor cores (43% busy; RESULTS.md, session 29).
 // * Stream-K over one wave, unit = (row tile, stage of 2 quantization blocks), row tile = (256
 //   features, R x rows), row tiles feature-major; partial row tiles as in kbit_mma.cu: fp32
 //   vector reductions into a zeroed accumulator, a per-tile counter, the last CTA writes y and
@@ -208,11 +212,12 @@ const void* wgmma_pick_rows(int rows, int* smem) {
         case 16: return wgmma_kernel_ptr<T, K, 16, C5>(smem);
         case 32: return wgmma_kernel_ptr<T, K, 32, C5>(smem);
         case 64: return wgmma_kernel_ptr<T, K, 64, C5>(smem);
+        case 128: return wgmma_kernel_ptr<T, K, 128, C5>(smem);
         default: return nullptr;
     }
 }
 
-// The kernel for k bits and `rows` x rows per row tile (16, 32 or 64); nullptr for others. k = 5
+// The kernel for k bits and `rows` x rows per row tile (16, 32, 64 or 128); nullptr for others. k = 5
 // runs the 32-copy table at one CTA per SM (header).
 template <typename T>
 const void* wgmma_pick(int k, int rows, int* smem) {
@@ -230,7 +235,7 @@ const void* wgmma_pick(int k, int rows, int* smem) {
 using ptx::wgmma_device_ok;
 
 // Resident CTAs per SM of the wgmma kernel for k bits and `rows` x rows per row tile, for sizing a
-// one-wave grid; 0 on error, for k outside 2..5 or rows other than 16, 32, 64, or where
+// one-wave grid; 0 on error, for k outside 2..5 or rows other than 16, 32, 64, 128, or where
 // !wgmma_device_ok().
 template <typename T>
 int wgmma_ctas_per_sm(int k, int rows) {
@@ -246,7 +251,7 @@ int wgmma_ctas_per_sm(int k, int rows) {
 template int wgmma_ctas_per_sm<half>(int, int);
 template int wgmma_ctas_per_sm<__nv_bfloat16>(int, int);
 
-// rows: x rows per row tile (16, 32 or 64; the wgmma N). ctas: grid size, 1..units where units =
+// rows: x rows per row tile (16, 32, 64 or 128; the wgmma N). ctas: grid size, 1..units where units =
 // ceil(N / 256) * ceil(M / rows) * ceil(nb / 2). ws: a zeroed fp32 accumulator of ceil(N / 256) *
 // ceil(M / rows) row tiles of rows x 256 floats, counters as many zeroed int32; both are left zero.
 template <typename T>

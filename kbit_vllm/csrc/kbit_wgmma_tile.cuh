@@ -25,11 +25,12 @@ constexpr int kWgOneCtaBytes = 227 * 1024;  // the most shared memory one CTA ma
 
 // Shared memory of the kernel for k = K with R x rows per row tile (the wgmma N: 16, 32 or 64; the
 // host picks the smallest that holds M, so a decode batch of 16 runs n16 wgmmas, not n64 on zero
-// rows) and C5 lane copies in the k = 5 table. Smaller R leaves room for more slots (stages in
-// flight).
+// rows; 128 for the dense kernel past 64 rows, one decode for twice the rows, one CTA per SM: its
+// 128 accumulators a thread leave no registers for a second) and C5 lane copies in the k = 5 table.
+// Smaller R leaves room for more slots (stages in flight).
 template <int K, int R, int C5 = kLut5Copies>
 struct WgCfg {
-    static constexpr bool kOneCta = K == 5 && C5 == 32;
+    static constexpr bool kOneCta = (K == 5 && C5 == 32) || R == 128;
     static constexpr int kXBytes = R * kWgBK * 32 * 2;               // x rows of a stage (128-byte swizzled)
     static constexpr int kTileFloats = R * kWgCols;
     static constexpr int kLutBytes = kw_lut_words(K, C5) * 4 + 256 * 4;   // pair table + scale table
@@ -43,13 +44,14 @@ struct WgCfg {
     // most k <= 4's count (8 copies: R = 64: 4, 32: 5, 16: 6; 32 copies: 4, 6, 6).
     static constexpr int kSmemCap = kOneCta ? kWgOneCtaBytes : kWgTwoCtaBytes;
     static constexpr int kSlotsFit = (kSmemCap - 1024 - kSlotsOff - 6 * 8) / kSlotBytes;
-    static constexpr int kSlotsCap = R == 64 ? 4 : 6;
-    static constexpr int kSlots = K <= 4 || kSlotsFit > kSlotsCap ? kSlotsCap : kSlotsFit;
+    // R = 128: 6 slots measured the same as 4 (RESULTS.md, session 29).
+    static constexpr int kSlotsCap = R >= 64 ? 4 : 6;
+    static constexpr int kSlots = (K <= 4 && R <= 64) || kSlotsFit > kSlotsCap ? kSlotsCap : kSlotsFit;
     static constexpr int kAhead = kSlots - 2;  // stages loaded ahead: the wgmmas read x until 2 stages later
     static constexpr int kBarOff = kSlotsOff + kSlots * kSlotBytes;  // one mbarrier per slot
     static constexpr int kBytes = 1024 + kBarOff + kSlots * 8;      // + alignment to 1024 bytes
     static_assert(kAhead >= 1 && kTileFloats == R * kWgCols, "a stage in flight at least");
-    static_assert(K <= 4 || kBytes <= kSmemCap, "k = 5: the CTAs per SM fit");
+    static_assert(kBytes <= kSmemCap, "the CTAs per SM fit");
 };
 
 // Per-lane constants: warp w of a warpgroup owns features 32w..32w+31 of the warpgroup's layout
@@ -169,7 +171,13 @@ __device__ __forceinline__ void kw_stage(const unsigned char* slot, uint32_t slo
         // used them, so wait until at most one group (the previous half's) is pending.
 #pragma unroll
         for (int kk = 0; kk < 2; ++kk) {
-            ptx::wgmma_wait<1>();
+            // The half's table words. At one CTA per SM (2 warps a scheduler) they are looked up
+            // before the wait, so their shared-memory latency overlaps the previous groups' tensor
+            // work: 1-3% (k = 5, R = 128; RESULTS.md, session 29). At two CTAs per SM the other
+            // CTA's warps hide it, and the 8 live words would press the 128-register budget.
+            constexpr bool kEarly = WgCfg<K, R, C5>::kOneCta;
+            if constexpr (!kEarly) ptx::wgmma_wait<1>();
+            uint32_t w[2][4];
 #pragma unroll
             for (int i = 0; i < 2; ++i)
                 // m64 tile i, rows r8 / r8 + 8 = features c0 + 2i / c0 + 2i + 1: a0 / a1 at
@@ -185,9 +193,14 @@ __device__ __forceinline__ void kw_stage(const unsigned char* slot, uint32_t slo
                         o0 = wide_lut_off(gw[sf], 2 * kk, L.lane8) >> 1;
                         o1 = wide_lut_off(gw[sf], 2 * kk + 1, L.lane8) >> 1;
                     }
-                    a[kk][i][h] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + o0), s2[sf]);
-                    a[kk][i][2 + h] = mul2<T>(*reinterpret_cast<const uint32_t*>(tblc + o1), s2[sf]);
+                    w[i][h] = *reinterpret_cast<const uint32_t*>(tblc + o0);
+                    w[i][2 + h] = *reinterpret_cast<const uint32_t*>(tblc + o1);
                 }
+            if constexpr (kEarly) ptx::wgmma_wait<1>();
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) a[kk][i][j] = mul2<T>(w[i][j], s2[2 * i + (j & 1)]);
             kw_fence_acc<R>(acc);
             ptx::wgmma_fence();
             const uint64_t desc = desc0 + static_cast<uint64_t>((blk * 2 + kk) * 2);  // 32 bytes a k16 step

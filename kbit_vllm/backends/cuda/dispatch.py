@@ -76,17 +76,21 @@ MMA_SMALL_LAYER_M = 32
 MMA_SMALL_LAYER = 12 * 1024 * 1024
 
 
-# Rows (first, last) that the Hopper wgmma kernel (csrc/kbit_wgmma.cu) takes from the MMA and from
-# dequantize + cuBLAS, where it can run (compute capability 9.0, k <= 4, an sm_90a library, not
-# deterministic mode) and the layer is above MMA_SMALL_LAYER. H200, k=4 fp16 µs, mma (v5) or the
+# Rules (layer weights above, first row, last row) for the Hopper wgmma kernel (csrc/kbit_wgmma.cu)
+# where it can run (compute capability 9.0, k <= 4, an sm_90a library, not deterministic mode) on
+# layers above MMA_SMALL_LAYER (smaller ones: WGMMA_SMALL_ROWS); the first rule the layer is above
+# decides, the MMA below and dequantize + cuBLAS above its rows. H200, k=4 fp16 µs, mma (v5) or the
 # op's dequantize + cuBLAS / wgmma, 4096x28672, 14336x4096, 4096x6144, 4096x4096: session 10 (row
 # tiles of 16 / 32 / 64 x rows) M=16 39.1 / 41.8, 20.6 / 22.9, 12.2 / 13.3, 10.3 / 11.2; M=20
 # 50.2 / 46.8, 25.8 / 25.5, 15.6 / 14.7, 13.6 / 12.9; M=32 50.9 / 46.5, 26.6 / 25.7, 16.1 / 14.6,
-# 14.1 / 12.9. Session 9 (TMA loads): M=64 68.9 / 56.2, 37.2 / 32.0, 22.4 / 19.1, 18.1 / 17.3;
-# M=128 (dequantize) 146.7 / 99.3, 79.7 / 53.9, 33.0 / 29.2, 26.3 / 23.9; M=192 151.8 / 142.1,
-# 86.9 / 74.8, 40.5 / 38.5, 31.2 / 28.8; M=256 171.4 / 184.1 (dequantize wins).
-WGMMA_ROWS: dict[tuple[int, int], tuple[int, int]] = {
-    (9, 0): (17, 192),
+# 14.1 / 12.9. Session 29 (bf16 behind a writer of x, with the 128-row tile of wgmma_dense_rows),
+# wgmma / dequantize + cuBLAS: 4096x28672 M=256 133.8 / 172.4, M=384 184.7 / 202.2, M=512 238.2 /
+# 234.4; 14336x4096 M=256 70.3 / 92.1, M=384 97.6 / 111.1, M=512 125.7 / 119.7; 4096x6144 M=256
+# 38.4 / 40.1, M=384 50.9 / 46.7; 4096x4096 (64-row tiles) M=192 28.8 / 30.7, M=256 30.3 / 28.2. At
+# M=448 cuBLAS picks a slow kernel for 4096x28672 (269.3 µs against 158.8 at M=512; dequantize +
+# cuBLAS 346.0), where four 128-row tiles take about what they take at 512.
+WGMMA_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
+    (9, 0): ((100 << 20, 17, 512), (40 << 20, 17, 384), (20 << 20, 17, 256), (0, 17, 192)),
 }
 # The same on layers of at most MMA_SMALL_LAYER weights (k <= 4): rules (weights above, first row,
 # last row), the first rule the layer is above decides. The wgmma kernel runs one CTA per SM there
@@ -116,9 +120,13 @@ WGMMA_SMALL_ROWS: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
 # 4096x4096 M=128 23.0 / 27.2, M=192 29.5 / 31.6, M=256 36.6 / 28.8; 5120x2048 M=128 19.6 / 21.1,
 # 2048x5120 18.6 / 15.6, 2048x4096 16.5 / 15.3 (the small layers keep M <= 64). At M=1, µs
 # tensor-core GEMV / wgmma / lane-shuffle GEMV: 4096x6144 15.7 / 15.1 / 15.8 (session 26: 16.0 /
-# 15.8 / 16.0), 4096x4096 12.7 / 12.0 / 10.9.
+# 15.8 / 16.0), 4096x4096 12.7 / 12.0 / 10.9. Session 29, with the 128-row tile (wgmma_dense_rows),
+# wgmma / dequantize + cuBLAS: 4096x28672 M=256 140.8 / 176.2, M=384 193.3 / 208.6, M=512 251.1 /
+# 239.6; 14336x4096 M=256 73.8 / 94.3, M=384 105.8 / 114.6, M=512 131.9 / 122.1; 4096x6144 M=256
+# 39.6 / 42.3, M=384 52.3 / 49.7; 4096x4096 M=192 29.9 / 32.3, M=256 31.3 / 29.5; 4096x28672 M=448
+# dequantize + cuBLAS 351.2 (WGMMA_RULES).
 WGMMA_RULES_K5: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((40 << 20, 1, 192), (20 << 20, 1, 192), (MMA_SMALL_LAYER, 3, 192), (0, 3, 64)),
+    (9, 0): ((100 << 20, 1, 512), (40 << 20, 1, 384), (20 << 20, 1, 256), (MMA_SMALL_LAYER, 3, 192), (0, 3, 64)),
 }
 TC_ROWS_K5: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
     (9, 0): ((100 << 20, 1, 4), (40 << 20, 1, 2)),
@@ -184,7 +192,7 @@ def rule_takes(rules: tuple[tuple[int, int, int], ...], weights: int, m: int) ->
 
 
 # x rows per row tile (the wgmma N) that every wgmma kernel (dense and grouped, kbit and awq) is
-# built for.
+# built for; the kbit kernels also have WGMMA_WIDE_ROWS (128).
 WGMMA_ROW_TILES = (16, 32, 64)
 
 
@@ -192,6 +200,44 @@ def wgmma_tile_rows(m: int) -> int:
     """x rows per row tile of the wgmma kernels: the smallest built wgmma N that holds m (past 64
     rows, more row tiles), so a batch of 16 runs n16 wgmmas, not n64 over 48 rows of zeros."""
     return next((r for r in WGMMA_ROW_TILES if m <= r), WGMMA_ROW_TILES[-1])
+
+
+# The dense kbit wgmma kernel (csrc/kbit_wgmma.cu) also has a 128-row tile: one decode of a stage
+# feeds twice the rows' tensor work, at one CTA per SM. Past 64 rows, on layers above
+# WGMMA_WIDE_ROWS_ABOVE weights, it runs where its tiles cost less than 64-row ones: a 128-row tile
+# costs WGMMA_WIDE_TILE_COST[k] 64-row tiles. H200 2026-11-27 session 29, bf16 behind a writer of x,
+# µs 64-row / 128-row tiles: 4096x28672 k=4 M=128 87.3 / 74.2, M=192 122.7 / 133.1, M=256 157.7 /
+# 130.9, M=512 296.3 / 235.5; k=5 M=128 106.5 / 78.0, M=192 152.6 / 138.3, M=256 196.4 / 137.0;
+# 14336x4096 k=4 M=128 47.8 / 42.1, M=192 68.0 / 70.1, M=256 82.7 / 69.0; k=5 M=192 80.7 / 73.2;
+# 4096x6144 k=4 M=128 28.9 / 26.4, M=256 48.4 / 38.4; but 4096x4096 (its partial tiles' reduction
+# weighs more) k=4 M=128 21.7 / 22.5, M=256 34.4 / 30.2 (dequantize + cuBLAS 28.2 there). The op
+# with these rules, 4096x28672 k=4 M=320: 64-row tiles (cost 1.7) 188.9, at M=384 three 128-row tiles
+# 179.0, hence 1.6.
+WGMMA_WIDE_ROWS = 128
+WGMMA_WIDE_ROWS_ABOVE: dict[tuple[int, int], int] = {
+    (9, 0): 20 << 20,
+}
+WGMMA_WIDE_TILE_COST: dict[int, float] = {2: 1.6, 3: 1.6, 4: 1.6, 5: 1.4}
+
+
+def wgmma_kbit_rows(m: int, k: int) -> int:
+    """x rows per row tile of the kbit wgmma kernels (dense and grouped) for m rows: wgmma_tile_rows,
+    or past 64 rows WGMMA_WIDE_ROWS where its tiles, at WGMMA_WIDE_TILE_COST 64-row tiles each, cost
+    less than 64-row ones."""
+    narrow = WGMMA_ROW_TILES[-1]
+    if m <= narrow:
+        return wgmma_tile_rows(m)
+    wide_cost = -(-m // WGMMA_WIDE_ROWS) * WGMMA_WIDE_TILE_COST.get(k, 2.0)
+    return WGMMA_WIDE_ROWS if wide_cost < -(-m // narrow) else narrow
+
+
+def wgmma_dense_rows(m: int, capability: tuple[int, int], weights: int, k: int) -> int:
+    """x rows per row tile of the dense kbit wgmma kernel for m rows of a k-bit layer: wgmma_kbit_rows
+    on layers above WGMMA_WIDE_ROWS_ABOVE weights, else wgmma_tile_rows."""
+    above = WGMMA_WIDE_ROWS_ABOVE.get(capability)
+    if above is None or weights <= above:
+        return wgmma_tile_rows(m)
+    return wgmma_kbit_rows(m, k)
 
 
 # The grouped wgmma row tile holds the expected rows per expert plus this many square roots of it:
@@ -203,25 +249,57 @@ GROUPED_TILE_HEADROOM_SIGMAS = 2
 
 
 def grouped_wgmma_config(rows: int, n_exp: int, in_f: int, out_f: int, sms: int, bits: int,
-                         tile_rows: int | None = None) -> tuple[int, int, int]:
+                         tile_rows: int | None = None, wide: bool = False) -> tuple[int, int, int]:
     """(tile_rows, items, splits) of the grouped wgmma kernels (kbit and awq; 256-feature row
-    tiles): the row tile that holds the expected rows per active expert, the grid's work-item
-    bound, and K splits toward two CTAs per SM; past half an SM's worth of CTAs only while the fp32
-    partials move at most a quarter of the weight bytes. H200 awq (bench_moe.py, µs split /
-    unsplit): seed 002's 2048x512 at 64 tokens, 16 CTAs, 12.6 / 30.2, at 256 tokens, 64 CTAs, 25.0
-    / 30.4 (partials 5x the weights, still a win), at 512 tokens, 128 CTAs, 43.0 / 30.6; its
-    512x2048 at 256 tokens, 256 CTAs, 36.8 / 13.4; qwen128 gate at 8 tokens, 168 CTAs, small
-    partials, 25.0 / 31.3."""
+    tiles): the row tile that holds the expected rows per active expert (wide: the kbit kernel's
+    128-row tile where wgmma_kbit_rows takes it for more than 64 expected rows; H200 session 29, bf16
+    µs 64- / 128-row tiles, Qwen3 shapes 2048x1536 / 768x2048: k=4 at 64 rows per expert 184 / 191,
+    109 / 122, at 128 300 / 284, 163 / 171, at 256 527 / 467, 292 / 283; k=5 at 128 394 / 341, 215 /
+    200), the grid's work-item bound, and K splits toward
+    two CTAs per SM (one with the 128-row tile, never past one wave); past half an SM's worth of
+    CTAs only while the fp32 partials move at most a quarter of the weight bytes. H200 awq
+    (bench_moe.py, µs split / unsplit): seed 002's 2048x512 at 64 tokens, 16 CTAs, 12.6 / 30.2, at
+    256 tokens, 64 CTAs, 25.0 / 30.4 (partials 5x the weights, still a win), at 512 tokens, 128
+    CTAs, 43.0 / 30.6; its 512x2048 at 256 tokens, 256 CTAs, 36.8 / 13.4; qwen128 gate at 8 tokens,
+    168 CTAs, small partials, 25.0 / 31.3. kbit k=4, 128-row tiles, bf16 (session 29): seed 002's
+    2048x512 at 256 tokens, 32 tiles, 4 splits 18.9, 1 split 32.0, 64-row tiles 24.2; at 512 tokens,
+    64 tiles, 2 splits 28.8, 1 split 32.0 (64-row tiles 26.9); at 1024 tokens, 128 tiles, 1 split
+    32.8, 2 splits 58.8."""
     active = max(1, min(n_exp, rows))
     per = grouped_rows_per_expert(rows, n_exp)
-    r = tile_rows or wgmma_tile_rows(per + GROUPED_TILE_HEADROOM_SIGMAS * math.isqrt(per))
+    need = per + GROUPED_TILE_HEADROOM_SIGMAS * math.isqrt(per)
+    # Past 64 expected rows the kbit kernel weighs its tiles by the expected rows, not the headroom:
+    # at 64 rows per expert (80 with it) only about half the experts reach a second 64-row tile.
+    r = tile_rows or (wgmma_kbit_rows(per, bits) if wide and per > 64 else wgmma_tile_rows(need))
     items = (rows + active * (r - 1)) // r
     tiles = active * -(-per // r) * -(-out_f // 256)
     stages = -(-in_f // 64)
-    splits = max(1, min(-(-2 * sms // tiles), stages // 4, 16)) if tiles < 2 * sms else 1
+    one = r == WGMMA_WIDE_ROWS  # one CTA per SM (128 accumulators a thread): no more than one wave
+    target = sms if one else 2 * sms
+    if tiles < target:
+        splits = max(1, min(target // tiles if one else -(-target // tiles), stages // 4, 16))
+    else:
+        splits = 1
     if tiles > sms // 2 and 4 * (splits * rows * out_f * 4) > active * in_f * out_f * bits // 8:
         splits = 1
     return r, items, splits
+
+
+def grouped_wgmma_one_cta(rows: int, n_exp: int, in_f: int, out_f: int, tile_rows: int, splits: int, sms: int,
+                          bits: int) -> bool:
+    """k = 5: whether the grouped kbit wgmma kernel looks its pair codes up in the 32-copy table at
+    one CTA per SM (no bank conflicts) rather than the 8-copy one at two: where the CTAs expected to
+    find work (rows spread evenly over the active experts, K splits as the kernel runs them: none
+    empty) fit one per SM. H200 session 28, seed 002's 8 experts, k=5 µs 32-copy / 8-copy: 2048x512
+    at 8 / 64 tokens 9.4 / 12.8 against 11.1 / 14.7, 512x2048 8.7 / 13.2 against 11.1 / 16.6; at 256
+    tokens (320 CTAs) 2048x512 30.4 against 27.7."""
+    if bits != 5:
+        return False
+    active = max(1, min(n_exp, rows))
+    stages = -(-in_f // 64)
+    per_split = -(-stages // max(1, splits))
+    ctas = -(-out_f // 256) * active * -(-grouped_rows_per_expert(rows, n_exp) // tile_rows) * -(-stages // per_split)
+    return ctas <= sms
 
 
 def choose_path(m: int, capability: tuple[int, int], weights: int | None = None, k: int = 4,
@@ -240,8 +318,8 @@ def choose_path(m: int, capability: tuple[int, int], weights: int | None = None,
     if m <= (min(gemv_max, GEMV_MAX_M) if k <= 4 else GEMV_MAX_M):
         return "gemv"
     small = weights is not None and weights <= MMA_SMALL_LAYER
-    wg_first, wg_last = WGMMA_ROWS.get(capability, (0, -1))
-    if wgmma and k <= 4 and wg_first <= m <= wg_last and not small:
+    if wgmma and k <= 4 and not small and rule_takes(WGMMA_RULES.get(capability, ()),
+                                                     1 << 62 if weights is None else weights, m):
         return "wgmma"
     if wgmma and k <= 4 and small and rule_takes(WGMMA_SMALL_ROWS.get(capability, ()), weights, m):
         return "wgmma"
@@ -344,6 +422,11 @@ GROUPED_DEQUANT_MIN_ROWS = 88
 # 965 / 1146; seed 002's 8 experts at 256 24.0 / 16.0, 512 33.4 / 29.0, 1024 49.0 / 55.4. awq_orin's
 # grouped wgmma alike (g128, Qwen3 shapes): 128 rows 617 / 300, 256 689 / 505, 512 963 / 982.
 GROUPED_DEQUANT_MIN_ROWS_WGMMA = 384
+# The kbit grouped wgmma with its 128-row tiles (session 29, bf16, µs wgmma / dequant): Qwen3 shapes at
+# 512 rows per expert k=4 gate/up 838 / 974, down 506 / 540, k=5 991 / 964, 577 / 537; seed 002's 8
+# experts at 512 k=4 27 / 37 (gate, 64-row tiles), 22.5 / 31.8 (down), at 1024 32.8 / 39.2, 43.6 /
+# 46.5, k=5 38.0 / 39.6, 50.3 / 47.0, at 2048 67.5 / 62.7, 86.3 / 78.3.
+GROUPED_DEQUANT_MIN_ROWS_WGMMA_KBIT = 768
 
 
 def choose_grouped_path(rows: int, n_exp: int, capability: tuple[int, int]) -> str:

@@ -161,9 +161,11 @@ def mma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int,
     return mb, tw, min(occ * _sms(dev), units), units
 
 
-# Row tile of the Hopper kernel (csrc/kbit_wgmma.cu); dispatch.WGMMA_ROWS is the range of M it serves.
+# Row tile of the Hopper kernel (csrc/kbit_wgmma.cu); dispatch.WGMMA_RULES are the ranges of M it serves,
+# dispatch.wgmma_dense_rows its row tile (the grouped kernels: wgmma_tile_rows).
 WGMMA_ROW_TILES = dispatch.WGMMA_ROW_TILES  # x rows per row tile (the wgmma N) of the wgmma kernels
 wgmma_tile_rows = dispatch.wgmma_tile_rows
+KBIT_WGMMA_ROW_TILES = (*WGMMA_ROW_TILES, dispatch.WGMMA_WIDE_ROWS)  # the kbit kernels' (dense and grouped)
 WGMMA_TILE_COLS = 256  # features per row tile (two 128-feature layout tiles)
 WGMMA_STAGE_BLOCKS = 2  # quantization blocks per stream-K work unit there
 _WG_OCC: dict[tuple[int, int, str, int], int] = {}
@@ -193,7 +195,8 @@ def wgmma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int) -
     dispatch.WGMMA_ONE_CTA; a little smaller where that splits the row tiles evenly,
     dispatch.wgmma_even_grid), never more than the (row tile, stage) units; a row tile is
     WGMMA_TILE_COLS features x rows rows of x."""
-    rows = wgmma_tile_rows(m)
+    cap = torch.cuda.get_device_capability(dev)
+    rows = dispatch.wgmma_dense_rows(m, cap, n * nb * 32, k)
     key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, sfx, rows)
     if key not in _WG_OCC:
         _WG_OCC[key] = int(getattr(LIB, f"kbit_vllm_wgmma_ctas_per_sm_{sfx}")(_i(k), _i(rows)))
@@ -202,7 +205,7 @@ def wgmma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int) -
     row_tiles = -(-n // WGMMA_TILE_COLS) * -(-m // rows)
     stages = -(-nb // WGMMA_STAGE_BLOCKS)
     units = row_tiles * stages
-    per_sm = 1 if dispatch.wgmma_one_cta(torch.cuda.get_device_capability(dev), n * nb * 32, m) else _WG_OCC[key]
+    per_sm = 1 if dispatch.wgmma_one_cta(cap, n * nb * 32, m) else _WG_OCC[key]
     return rows, dispatch.wgmma_even_grid(units, stages, min(per_sm * _sms(dev), units)), row_tiles
 
 
@@ -484,9 +487,10 @@ def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
     experts (k <= 4, outside deterministic mode) unless few experts' weights are read
     (dispatch.grouped_slot_gemv), else the slot GEMV; "gemv_sk" / "gemv_slot" name one of them
     (gemv_sk falls back as gemv does where stream-K is not usable); "mma" the grouped MMA (row tile
-    bm, default by the expected rows per expert); "wgmma" the Hopper kernel (wgmma_ok; bm
-    its row tile of 16, 32 or 64). mp forces the stream-K GEMV's rows per pass (1..4). Public so
-    tests and benchmarks can run every path; out, if given, receives the result (tests poison it).
+    bm, default by the expected rows per expert); "wgmma" the Hopper kernel (wgmma_ok; bm its row
+    tile of 16, 32, 64 or 128: KBIT_WGMMA_ROW_TILES). mp forces the stream-K GEMV's rows per pass
+    (1..4). Public so tests and benchmarks can run every path; out, if given, receives the result
+    (tests poison it).
     """
     rows, in_f = x2.shape
     nb = in_f // 32
@@ -523,11 +527,14 @@ def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
         if not wgmma_ok(dev, k):
             raise ValueError(f"kbit_grouped_linear wgmma path takes k <= {HOPPER_MAX_K} on compute capability 9.0 "
                              f"with an sm_90a library, got k={k} on {torch.cuda.get_device_capability(dev)}")
-        r, items, splits = dispatch.grouped_wgmma_config(rows, n_exp, in_f, out_features, _sms(dev), k, bm)
+        r, items, splits = dispatch.grouped_wgmma_config(rows, n_exp, in_f, out_features, _sms(dev), k, bm,
+                                                         wide=True)
+        one_cta = dispatch.grouped_wgmma_one_cta(rows, n_exp, in_f, out_features, r, splits, _sms(dev), k)
         ws = scratch(dev, "partials", splits * rows * out_features) if splits > 1 else None
         check(getattr(LIB, f"kbit_vllm_grouped_wgmma_{sfx}")(
             _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(offsets), _ptr(y), _i(k),
-            _i(n_exp), _i(rows), _i(out_features), _i(nb), _i(r), _i(items), _i(splits), _ptr(ws), stream),
+            _i(n_exp), _i(rows), _i(out_features), _i(nb), _i(r), _i(items), _i(splits), _i(int(one_cta)), _ptr(ws),
+            stream),
               "kbit_grouped_linear (wgmma)")
         return y
     if path != "mma":
@@ -580,7 +587,7 @@ def kbit_grouped_linear(x: torch.Tensor, packed_tiled: torch.Tensor, absmax_tile
     if dispatch.grouped_wgmma_rows(x2.shape[0], packed_tiled.shape[0], cap, k) and wgmma_ok(dev, k):
         path = "wgmma"  # its split-K sums in a fixed order: deterministic mode keeps it
     if path != "gemv" and prefers_dequant(x2.shape[0], packed_tiled.shape[0], x2.dtype, cap, out_features,
-                                          wgmma_ok(dev, k)):
+                                          wgmma_ok(dev, k), kbit=True):
         path = "dequant"
     with torch.cuda.device(dev):
         return grouped_path(x2, aligned16(packed_tiled), aligned16(absmax_tiled), codebook.contiguous(),
