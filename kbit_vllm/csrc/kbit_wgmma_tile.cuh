@@ -167,21 +167,11 @@ __device__ __forceinline__ void kw_stage(const unsigned char* slot, uint32_t slo
             s2[s] = tbl[kw_lut_words(K, C5) + __byte_perm(ab, 0u, 0x4440u | s)];
         }
         if (blk + 1 < kWgBK) kw_read_planes<K, R>(slot, L, blk + 1, pw, ab);  // overlaps this block's decode
-        // One commit group per k16 half (both m64 tiles), A registers a[kk]: the group two back
-        // used them, so wait until at most one group (the previous half's) is pending.
-#pragma unroll
-        for (int kk = 0; kk < 2; ++kk) {
-            // The half's table words. At one CTA per SM (2 warps a scheduler) they are looked up
-            // before the wait, so their shared-memory latency overlaps the previous groups' tensor
-            // work: 1-3% (k = 5, R = 128; RESULTS.md, session 29). At two CTAs per SM the other
-            // CTA's warps hide it, and the 8 live words would press the 128-register budget.
-            constexpr bool kEarly = WgCfg<K, R, C5>::kOneCta;
-            if constexpr (!kEarly) ptx::wgmma_wait<1>();
-            uint32_t w[2][4];
+        // The table words of k16 half kk: m64 tile i, rows r8 / r8 + 8 = features c0 + 2i / c0 + 2i +
+        // 1: a0 / a1 at inputs 2g, 2g + 1 of the half (pair byte 2kk), a2 / a3 at 2g + 8, 2g + 9.
+        auto lookup = [&](int kk, uint32_t (&w)[2][4]) {
 #pragma unroll
             for (int i = 0; i < 2; ++i)
-                // m64 tile i, rows r8 / r8 + 8 = features c0 + 2i / c0 + 2i + 1: a0 / a1 at
-                // inputs 2g, 2g + 1 of the k16 half (pair byte 2kk), a2 / a3 at 2g + 8, 2g + 9.
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int sf = 2 * i + h;
@@ -196,11 +186,27 @@ __device__ __forceinline__ void kw_stage(const unsigned char* slot, uint32_t slo
                     w[i][h] = *reinterpret_cast<const uint32_t*>(tblc + o0);
                     w[i][2 + h] = *reinterpret_cast<const uint32_t*>(tblc + o1);
                 }
-            if constexpr (kEarly) ptx::wgmma_wait<1>();
+        };
+        // At one CTA per SM (2 warps a scheduler) both halves' table words are looked up at once,
+        // before the first wgmma wait, so their shared-memory latency overlaps the previous groups'
+        // tensor work: 2-6% (R = 128 and k = 5; RESULTS.md, session 29). At two CTAs per SM the
+        // other CTA's warps hide it, and the live words would press the 128-register budget.
+        constexpr bool kEarly = WgCfg<K, R, C5>::kOneCta;
+        uint32_t w[2][2][4];
+        if constexpr (kEarly) {
+            lookup(0, w[0]);
+            lookup(1, w[1]);
+        }
+        // One commit group per k16 half (both m64 tiles), A registers a[kk]: the group two back
+        // used them, so wait until at most one group (the previous half's) is pending.
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+            ptx::wgmma_wait<1>();
+            if constexpr (!kEarly) lookup(kk, w[kk]);
 #pragma unroll
             for (int i = 0; i < 2; ++i)
 #pragma unroll
-                for (int j = 0; j < 4; ++j) a[kk][i][j] = mul2<T>(w[i][j], s2[2 * i + (j & 1)]);
+                for (int j = 0; j < 4; ++j) a[kk][i][j] = mul2<T>(w[kk][i][j], s2[2 * i + (j & 1)]);
             kw_fence_acc<R>(acc);
             ptx::wgmma_fence();
             const uint64_t desc = desc0 + static_cast<uint64_t>((blk * 2 + kk) * 2);  // 32 bytes a k16 step
