@@ -18,7 +18,7 @@
 // * Row tiles of R = 16, 32 or 64 x rows (the wgmma N; the host picks the smallest that holds M,
 //   so small M does not pay n64 tensor work on zero rows), or 128 past 64 rows on large layers
 //   (dispatch.wgmma_dense_rows): one decode of a stage then feeds twice the rows, at one CTA per SM
-//   (128 accumulators a thread). A 128-row tile costs ~1.7x a 64-row one at k <= 4 and ~1.4x at
+//   (128 accumulators a thread). A 128-row tile costs ~1.6x a 64-row one at k <= 4 and ~1.4x at
 //   k = 5, whose decode is dearer: the kernel is bound by the latency of each warp's decode chain
 //   at 2 warps a scheduler, not by the tensor cores (43% busy; RESULTS.md, session 29).
 // * Stream-K over one wave, unit = (row tile, stage of 2 quantization blocks), row tile = (256
