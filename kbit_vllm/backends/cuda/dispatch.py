@@ -252,19 +252,20 @@ def grouped_wgmma_config(rows: int, n_exp: int, in_f: int, out_f: int, sms: int,
                          tile_rows: int | None = None, wide: bool = False) -> tuple[int, int, int]:
     """(tile_rows, items, splits) of the grouped wgmma kernels (kbit and awq; 256-feature row
     tiles): the row tile that holds the expected rows per active expert (wide: the kbit kernel's
-    128-row tile where wgmma_kbit_rows takes it for more than 64 expected rows; H200 session 29, bf16
-    µs 64- / 128-row tiles, Qwen3 shapes 2048x1536 / 768x2048: k=4 at 64 rows per expert 184 / 191,
-    109 / 122, at 128 300 / 284, 163 / 171, at 256 527 / 467, 292 / 283; k=5 at 128 394 / 341, 215 /
-    200), the grid's work-item bound, and K splits toward
-    two CTAs per SM (one with the 128-row tile, never past one wave); past half an SM's worth of
-    CTAs only while the fp32 partials move at most a quarter of the weight bytes. H200 awq
-    (bench_moe.py, µs split / unsplit): seed 002's 2048x512 at 64 tokens, 16 CTAs, 12.6 / 30.2, at
-    256 tokens, 64 CTAs, 25.0 / 30.4 (partials 5x the weights, still a win), at 512 tokens, 128
-    CTAs, 43.0 / 30.6; its 512x2048 at 256 tokens, 256 CTAs, 36.8 / 13.4; qwen128 gate at 8 tokens,
-    168 CTAs, small partials, 25.0 / 31.3. kbit k=4, 128-row tiles, bf16 (session 29): seed 002's
-    2048x512 at 256 tokens, 32 tiles, 4 splits 18.9, 1 split 32.0, 64-row tiles 24.2; at 512 tokens,
-    64 tiles, 2 splits 28.8, 1 split 32.0 (64-row tiles 26.9); at 1024 tokens, 128 tiles, 1 split
-    32.8, 2 splits 58.8."""
+    128-row tile where wgmma_kbit_rows takes it for more than 64 expected rows), the grid's
+    work-item bound, and K splits toward two CTAs per SM (one with the 128-row tile, never past one
+    wave); past half an SM's worth of CTAs only while the fp32 partials move at most a quarter of
+    the weight bytes.
+
+    H200 awq (bench_moe.py, µs split / unsplit): seed 002's 2048x512 at 64 tokens, 16 CTAs, 12.6 /
+    30.2, at 256 tokens, 64 CTAs, 25.0 / 30.4 (partials 5x the weights, still a win), at 512
+    tokens, 128 CTAs, 43.0 / 30.6; its 512x2048 at 256 tokens, 256 CTAs, 36.8 / 13.4; qwen128 gate
+    at 8 tokens, 168 CTAs, small partials, 25.0 / 31.3. kbit, session 29, bf16 µs: 64- / 128-row
+    tiles, Qwen3 shapes 2048x1536 / 768x2048, k=4 at 64 rows per expert 184 / 191, 109 / 122, at
+    128 300 / 284, 163 / 171, at 256 527 / 467, 292 / 283; k=5 at 128 394 / 341, 215 / 200. k=4
+    128-row tiles on seed 002's 2048x512: at 256 tokens (32 tiles) 4 splits 18.9, 1 split 32.0
+    (64-row tiles 24.2); at 512 tokens (64 tiles) 2 splits 28.8, 1 split 32.0 (64-row tiles 26.9);
+    at 1024 tokens (128 tiles) 1 split 32.8, 2 splits 58.8."""
     active = max(1, min(n_exp, rows))
     per = grouped_rows_per_expert(rows, n_exp)
     need = per + GROUPED_TILE_HEADROOM_SIGMAS * math.isqrt(per)
