@@ -343,6 +343,31 @@ def test_wgmma_matches_reference(dtype: torch.dtype, gs: int, in_f: int, out_f: 
         _check(awq_ops.linear_path(x, wq, sz, b, gs, out_f, "wgmma"), x, w64, b, dtype, f"wgmma M={m} gs={gs}")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("gs", (32, 128))
+@pytest.mark.parametrize("in_f,out_f", WG_SHAPES)
+def test_wgmma_wide_rows_matches_reference(dtype: torch.dtype, gs: int, in_f: int, out_f: int, monkeypatch) -> None:
+    """The wgmma kernel's 128-row tile (awq_ops.wgmma_rows), forced onto these small layers: one and
+    several row tiles, a last one nearly empty (M = 129) or full, with and without bias, against
+    float64 on outputs poisoned with NaN first; one CTA per SM."""
+    if not _wgmma_ok():
+        pytest.skip("the wgmma kernel needs compute capability 9.0 and an sm_90a library")
+    if in_f % gs:
+        pytest.skip(f"in {in_f} is no multiple of group {gs}")
+    monkeypatch.setitem(awq_ops.WGMMA_WIDE_ROWS_ABOVE, (9, 0), 0)
+    monkeypatch.setattr(awq_ops, "WGMMA_WIDE_TILE_COST", 1.0)
+    wq, sz, w64 = _awq_layer(out_f, in_f, gs, dtype)
+    bias = torch.randn(out_f, device="cuda", dtype=dtype)
+    dev = torch.device("cuda")
+    for m in (65, 100, 128, 129, 300):
+        rows, ctas, _ = awq_ops.wgmma_config(dev, awq_ops.SUFFIX[dtype], m, in_f, out_f)
+        assert rows == 128 and ctas <= awq_ops.sm_count(dev)
+        x = torch.randn(m, in_f, device="cuda", dtype=dtype)
+        b = bias if m % 2 else None
+        poison_allocator(m * out_f * 2)
+        _check(awq_ops.linear_path(x, wq, sz, b, gs, out_f, "wgmma"), x, w64, b, dtype, f"wgmma M={m} gs={gs}")
+
+
 @pytest.mark.parametrize("m", (5, 24, 63))
 def test_wgmma_op_dispatch_and_graph_replay(monkeypatch, m: int) -> None:
     """Where awq_ops.WGMMA_RULES say so the op runs the wgmma kernel (row tiles of 16, 32, 64 rows;

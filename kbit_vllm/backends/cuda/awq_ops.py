@@ -50,8 +50,11 @@ DISPATCH = {90: (4, 64)}
 #   (dequant) / 14.6; 2048x512 M=8 7.7 / 4.2, M=32 7.4 (dequant) / 5.5, M=48 7.5 (dequant) / 8.4.
 # Session 9 (64-row tiles only): M=64..384 on the Llama-3-8B layers, e.g. 4096x28672 M=384 - /
 # 200.2 / 200.9 (dequant), 4096x6144 M=384 50.8 / 44.9 (dequant), 4096x4096 M=256 28.8 / 26.1.
+# Session 29 (128-row tiles, WGMMA_WIDE_ROWS_ABOVE), bf16 behind a writer, wgmma / dequantize +
+# cuBLAS: 4096x28672 M=512 212.3 / 233.1, M=1024 404.7 / 386.0; 14336x4096 M=512 111.3 / 119.0,
+# M=1024 191.0 / 185.7; 4096x6144 M=256 34.9 / 39.2, M=384 45.7 / 45.8.
 WGMMA_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((48 << 20, 2, 384), (20 << 20, 4, 256), (12 << 20, 5, 192), (0, 5, 32)),
+    (9, 0): ((48 << 20, 2, 512), (20 << 20, 4, 256), (12 << 20, 5, 192), (0, 5, 32)),
 }
 _SUFFIX = SUFFIX
 
@@ -207,11 +210,32 @@ WGMMA_ONE_CTA: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {
 }
 
 
+# The dense wgmma kernel's 128-row tile (csrc/awq_wgmma.cu, one CTA per SM): past 64 rows, on layers
+# above WGMMA_WIDE_ROWS_ABOVE weights, where its tiles at WGMMA_WIDE_TILE_COST 64-row tiles each cost
+# less (dispatch.wgmma_wide_rows). H200 2026-11-27 session 29, g128 bf16 behind a writer, µs 64- /
+# 128-row tiles: 4096x28672 M=128 76.2 / 71.7, M=192 107.0 / 124.1, M=256 139.6 / 125.9, M=384
+# 197.1 / 166.6, M=512 260.1 / 212.3; 14336x4096 M=128 42.6 / 37.8, M=256 71.2 / 61.9, M=384 104.4 /
+# 87.6; 4096x6144 M=128 25.8 / 24.4, M=256 42.6 / 34.9; but 4096x4096 M=128 19.4 / 21.0.
+WGMMA_WIDE_ROWS_ABOVE: dict[tuple[int, int], int] = {
+    (9, 0): 20 << 20,
+}
+WGMMA_WIDE_TILE_COST = 1.6
+
+
+def wgmma_rows(m: int, capability: tuple[int, int], weights: int) -> int:
+    """x rows per row tile of the dense awq wgmma kernel for m rows of a layer of that many weights."""
+    above = WGMMA_WIDE_ROWS_ABOVE.get(capability)
+    if above is None or weights <= above:
+        return wgmma_tile_rows(m)
+    return dispatch.wgmma_wide_rows(m, WGMMA_WIDE_TILE_COST)
+
+
 def wgmma_config(dev: torch.device, suffix: str, m: int, in_f: int, out_f: int) -> tuple[int, int, int]:
-    """(rows, ctas, row_tiles) of the wgmma kernel: its row tile height, one wave (resident CTAs per
-    SM x SMs; one per SM on the small layers of WGMMA_ONE_CTA; a little smaller where that splits the
-    row tiles evenly, dispatch.wgmma_even_grid), never more than its (row tile, stage) units."""
-    rows = wgmma_tile_rows(m)
+    """(rows, ctas, row_tiles) of the wgmma kernel: its row tile height (wgmma_rows), one wave
+    (resident CTAs per SM x SMs; one per SM on the small layers of WGMMA_ONE_CTA and with the 128-row
+    tile; a little smaller where that splits the row tiles evenly, dispatch.wgmma_even_grid), never
+    more than its (row tile, stage) units."""
+    rows = wgmma_rows(m, torch.cuda.get_device_capability(dev), in_f * out_f)
     key = (dev.index if dev.index is not None else torch.cuda.current_device(), suffix, rows)
     if key not in _WG_OCC:
         _WG_OCC[key] = int(getattr(LIB, f"kbit_vllm_awq_wgmma_ctas_per_sm_{suffix}")(ctypes.c_int(rows)))

@@ -220,15 +220,20 @@ WGMMA_WIDE_ROWS_ABOVE: dict[tuple[int, int], int] = {
 WGMMA_WIDE_TILE_COST: dict[int, float] = {2: 1.6, 3: 1.6, 4: 1.6, 5: 1.4}
 
 
-def wgmma_kbit_rows(m: int, k: int) -> int:
-    """x rows per row tile of the kbit wgmma kernels (dense and grouped) for m rows: wgmma_tile_rows,
-    or past 64 rows WGMMA_WIDE_ROWS where its tiles, at WGMMA_WIDE_TILE_COST 64-row tiles each, cost
-    less than 64-row ones."""
+def wgmma_wide_rows(m: int, tile_cost: float) -> int:
+    """x rows per row tile for m rows of a wgmma kernel that also has WGMMA_WIDE_ROWS-row tiles, each
+    costing tile_cost 64-row tiles: wgmma_tile_rows, or past 64 rows the wide tile where ceil(m /
+    128) of them cost less than ceil(m / 64) 64-row ones."""
     narrow = WGMMA_ROW_TILES[-1]
     if m <= narrow:
         return wgmma_tile_rows(m)
-    wide_cost = -(-m // WGMMA_WIDE_ROWS) * WGMMA_WIDE_TILE_COST.get(k, 2.0)
-    return WGMMA_WIDE_ROWS if wide_cost < -(-m // narrow) else narrow
+    return WGMMA_WIDE_ROWS if -(-m // WGMMA_WIDE_ROWS) * tile_cost < -(-m // narrow) else narrow
+
+
+def wgmma_kbit_rows(m: int, k: int) -> int:
+    """x rows per row tile of the kbit wgmma kernels (dense and grouped) for m rows at k bits
+    (wgmma_wide_rows at WGMMA_WIDE_TILE_COST[k])."""
+    return wgmma_wide_rows(m, WGMMA_WIDE_TILE_COST.get(k, 2.0))
 
 
 def wgmma_dense_rows(m: int, capability: tuple[int, int], weights: int, k: int) -> int:
