@@ -190,11 +190,11 @@ def wgmma_ok(dev: torch.device | str, k: int) -> bool:
 
 
 def wgmma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int) -> tuple[int, int, int]:
-    """(rows, ctas, row_tiles) of the stream-K wgmma kernel: the row tile height, one wave (resident
-    CTAs per SM x SMs: one for k = 5, two for k <= 4 but one on the small layers of
-    dispatch.WGMMA_ONE_CTA; a little smaller where that splits the row tiles evenly,
-    dispatch.wgmma_even_grid), never more than the (row tile, stage) units; a row tile is
-    WGMMA_TILE_COLS features x rows rows of x."""
+    """(rows, ctas, row_tiles) of the stream-K wgmma kernel: the row tile height
+    (dispatch.wgmma_dense_rows), one wave (resident CTAs per SM x SMs: one for k = 5 and for the
+    128-row tile, two for k <= 4 but one on the small layers of dispatch.WGMMA_ONE_CTA; a little
+    smaller where that splits the row tiles evenly, dispatch.wgmma_even_grid), never more than the
+    (row tile, stage) units; a row tile is WGMMA_TILE_COLS features x rows rows of x."""
     cap = torch.cuda.get_device_capability(dev)
     rows = dispatch.wgmma_dense_rows(m, cap, n * nb * 32, k)
     key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, sfx, rows)
