@@ -27,7 +27,7 @@ from .cargs import SUFFIX
 from .cargs import ptr as _ptr
 from .grouped_mm import grouped_mm_into, prefers_dequant
 from .library import LIB, check, kernels_usable, sm_count
-from .ops import aligned16, wgmma_ok, wgmma_tile_rows
+from .ops import aligned16, wgmma_ok
 from .scratch import scratch
 
 # (largest M for the GEMV kernel, largest M for the MMA kernel) per compute capability, from
@@ -194,7 +194,7 @@ def gemv_tc_ctas(dev: torch.device, suffix: str, m: int, in_f: int, out_f: int) 
 
 
 # Tile of the Hopper kernel (csrc/awq_wgmma.cu): a stream-K unit is one row tile (WGMMA_TILE_COLS
-# outputs x wgmma_tile_rows(m) rows of x) x WGMMA_STAGE_INPUTS inputs.
+# outputs x wgmma_rows(m) rows of x) x WGMMA_STAGE_INPUTS inputs.
 WGMMA_TILE_COLS = 256
 WGMMA_STAGE_INPUTS = 64
 _WG_OCC: dict[tuple[int, str, int], int] = {}
@@ -223,11 +223,9 @@ WGMMA_WIDE_TILE_COST = 1.6
 
 
 def wgmma_rows(m: int, capability: tuple[int, int], weights: int) -> int:
-    """x rows per row tile of the dense awq wgmma kernel for m rows of a layer of that many weights."""
-    above = WGMMA_WIDE_ROWS_ABOVE.get(capability)
-    if above is None or weights <= above:
-        return wgmma_tile_rows(m)
-    return dispatch.wgmma_wide_rows(m, WGMMA_WIDE_TILE_COST)
+    """x rows per row tile of the dense awq wgmma kernel for m rows of a layer of that many weights
+    (dispatch.wgmma_layer_rows with this kernel's WGMMA_WIDE_TILE_COST and WGMMA_WIDE_ROWS_ABOVE)."""
+    return dispatch.wgmma_layer_rows(m, capability, weights, WGMMA_WIDE_TILE_COST, WGMMA_WIDE_ROWS_ABOVE)
 
 
 def wgmma_config(dev: torch.device, suffix: str, m: int, in_f: int, out_f: int) -> tuple[int, int, int]:

@@ -236,13 +236,21 @@ def wgmma_kbit_rows(m: int, k: int) -> int:
     return wgmma_wide_rows(m, WGMMA_WIDE_TILE_COST.get(k, 2.0))
 
 
+def wgmma_layer_rows(m: int, capability: tuple[int, int], weights: int, tile_cost: float,
+                     above: dict[tuple[int, int], int]) -> int:
+    """x rows per row tile of a dense wgmma kernel with wide tiles for m rows of a layer of that many
+    weights: wgmma_wide_rows at tile_cost on layers above above[capability] weights, else
+    wgmma_tile_rows (the kbit kernel: wgmma_dense_rows; awq_orin's: awq_ops.wgmma_rows)."""
+    first = above.get(capability)
+    if first is None or weights <= first:
+        return wgmma_tile_rows(m)
+    return wgmma_wide_rows(m, tile_cost)
+
+
 def wgmma_dense_rows(m: int, capability: tuple[int, int], weights: int, k: int) -> int:
     """x rows per row tile of the dense kbit wgmma kernel for m rows of a k-bit layer: wgmma_kbit_rows
     on layers above WGMMA_WIDE_ROWS_ABOVE weights, else wgmma_tile_rows."""
-    above = WGMMA_WIDE_ROWS_ABOVE.get(capability)
-    if above is None or weights <= above:
-        return wgmma_tile_rows(m)
-    return wgmma_kbit_rows(m, k)
+    return wgmma_layer_rows(m, capability, weights, WGMMA_WIDE_TILE_COST.get(k, 2.0), WGMMA_WIDE_ROWS_ABOVE)
 
 
 # The grouped wgmma row tile holds the expected rows per expert plus this many square roots of it:
