@@ -25,7 +25,7 @@ namespace awq {
 namespace {
 
 template <typename T, int R>
-__global__ void __launch_bounds__(kAwThreads, 2)
+__global__ void __launch_bounds__(kAwThreads, AwCfg<R>::kOneCta ? 1 : 2)
     grouped_wgmma_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_w,
                          const __grid_constant__ CUtensorMap tm_s, const int* __restrict__ offs, T* __restrict__ y,
                          float* __restrict__ partial, int n_exp, int rows, int in, int out, int group,
@@ -69,6 +69,10 @@ __global__ void __launch_bounds__(kAwThreads, 2)
     for (int i = 0; i < 2; ++i)
 #pragma unroll
         for (int r = 0; r < R / 2; ++r) acc[i][r] = 0.f;
+    // The host never makes an empty split, but without this exit ptxas saw the zeroed accumulators
+    // reach the stores past a loop of no stages and serialized every wgmma (a wait after each
+    // issue, warning C7515): 8 waits a stage instead of 4 overlapped halves.
+    if (n <= 0) return;
     for (int s = 0; s < n; ++s) {
         const int slot = s % C::kSlots;
         ptx::mbar_wait(bars + slot * 8, static_cast<uint32_t>(s / C::kSlots) & 1u);  // stage s landed
@@ -128,7 +132,8 @@ int launch_rows(const CUtensorMap& tmx, const CUtensorMap& tmw, const CUtensorMa
 
 }  // namespace
 
-// rows_per_tile: x rows per work item (16, 32 or 64; the wgmma N); items: grid rows, an upper bound
+// rows_per_tile: x rows per work item (16, 32, 64 or 128; the wgmma N; 128 runs one CTA per SM as in
+// the dense kernel, past 64 expected rows per expert: dispatch.grouped_wgmma_config); items: grid rows, an upper bound
 // on the (expert, rows_per_tile-row tile) items: (rows + min(n_exp, rows) * (rows_per_tile - 1)) /
 // rows_per_tile; splits > 1 needs workspace [splits, rows, out] fp32 (no zeroing needed). Needs
 // compute capability 9.0 and sm_90a code (ptx::wgmma_device_ok), group a power of two.
@@ -157,6 +162,7 @@ int grouped_wgmma(const void* x, const int32_t* wq, const void* sz, const int* o
         case 16: e = launch_rows<T, 16>(tmx, tmw, tms, offs, yt, partial, n_exp, rows, in, out, group, items, splits, per_split, stream); break;
         case 32: e = launch_rows<T, 32>(tmx, tmw, tms, offs, yt, partial, n_exp, rows, in, out, group, items, splits, per_split, stream); break;
         case 64: e = launch_rows<T, 64>(tmx, tmw, tms, offs, yt, partial, n_exp, rows, in, out, group, items, splits, per_split, stream); break;
+        case 128: e = launch_rows<T, 128>(tmx, tmw, tms, offs, yt, partial, n_exp, rows, in, out, group, items, splits, per_split, stream); break;
         default: return static_cast<int>(cudaErrorInvalidValue);
     }
     if (e != 0) return e;
