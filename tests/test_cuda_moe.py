@@ -98,7 +98,7 @@ def test_kbit_grouped_all_paths(k, dtype, in_f, out_f, n_exp, gen):
         runs = [("gemv", {}), ("gemv_sk", {}), ("gemv_slot", {})] + [("mma", {"bm": bm}) for bm in KBIT_BMS]
         runs += [("gemv_sk", {"mp": mp}) for mp in range(1, cuda_ops.GSK_MAX_ROWS + 1)]  # each rows-per-pass
         if cuda_ops.wgmma_ok(DEV, k):
-            runs += [("wgmma", {"bm": r}) for r in cuda_ops.KBIT_WGMMA_ROW_TILES]  # the Hopper kernel, each row tile
+            runs += [("wgmma", {"bm": r}) for r in cuda_ops.WGMMA_ALL_ROW_TILES]  # the Hopper kernel, each row tile
         if dtype == torch.bfloat16:
             runs.append(("dequant", {}))  # every expert dequantized + torch's grouped GEMM (bf16 prefill)
         for path, kw in runs:
@@ -123,7 +123,7 @@ def test_kbit5_grouped_wgmma_tables(one_cta, dtype, gen, monkeypatch):
             offs = _offsets(n_exp, rows, gen)
             x = torch.randn(rows, in_f, device=DEV, dtype=dtype)
             want = _reference(x, w64, offs)
-            for r in cuda_ops.KBIT_WGMMA_ROW_TILES:
+            for r in cuda_ops.WGMMA_ALL_ROW_TILES:
                 y = cuda_ops.grouped_path(x, pt, at, cb, offs, 5, out_f, "wgmma", bm=r,
                                           out=_poisoned(rows, out_f, dtype))
                 _check(y, want, KBIT_TOL[dtype], f"rows={rows} bm={r} one_cta={one_cta}")
@@ -223,7 +223,7 @@ def test_awq_grouped_all_paths(gs, dtype, in_f, out_f, n_exp, gen):
         want = _reference(x, w64, offs)
         runs = [("gemv", None)] + [("mma", bm) for bm in AWQ_BMS]
         if cuda_ops.wgmma_ok(DEV, 4):
-            runs += [("wgmma", r) for r in cuda_ops.WGMMA_ROW_TILES]  # the Hopper kernel, each row tile
+            runs += [("wgmma", r) for r in cuda_ops.WGMMA_ALL_ROW_TILES]  # the Hopper kernel, each row tile
         if dtype == torch.bfloat16:
             runs.append(("dequant", None))  # every expert dequantized in one launch + torch's grouped GEMM
         for path, bm in runs:
@@ -294,13 +294,13 @@ def test_grouped_dequant_path_dispatch_and_graph_replay(deterministic, gen, monk
     from kbit_vllm.backends.cuda import dispatch, grouped_mm
 
     monkeypatch.setenv("KBIT_VLLM_DETERMINISTIC", "1" if deterministic else "0")
-    n_exp, in_f, out_f, k, rows = 4, 1024, 384, 4, 4096
+    n_exp, in_f, out_f, k, rows = 4, 1024, 384, 4, 12288
     assert dispatch.choose_grouped_path(rows, n_exp, (9, 0)) == "mma"
     assert grouped_mm.prefers_dequant(rows, n_exp, torch.bfloat16, (9, 0), out_f)
     assert grouped_mm.prefers_dequant(rows, n_exp, torch.bfloat16, (9, 0), out_f, wgmma=True)
     assert grouped_mm.prefers_dequant(rows, n_exp, torch.bfloat16, (9, 0), out_f, wgmma=True, kbit=True)
-    assert not grouped_mm.prefers_dequant(rows, 32, torch.bfloat16, (9, 0), out_f, wgmma=True)  # 128 per expert
-    assert not grouped_mm.prefers_dequant(rows, 8, torch.bfloat16, (9, 0), out_f, wgmma=True, kbit=True)  # 512
+    assert not grouped_mm.prefers_dequant(rows, 8, torch.bfloat16, (9, 0), out_f, wgmma=True)  # 1536 per expert
+    assert not grouped_mm.prefers_dequant(rows, 16, torch.bfloat16, (9, 0), out_f, wgmma=True, kbit=True)  # 768
     assert not grouped_mm.prefers_dequant(rows, n_exp, torch.float16, (9, 0), out_f)
     assert not grouped_mm.grouped_mm_ok(torch.bfloat16, (9, 0), 100)  # rows of 200 bytes: not 16-aligned
     pt, at, cb, w64 = _kbit_experts(n_exp, out_f, in_f, k)

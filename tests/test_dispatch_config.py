@@ -261,12 +261,20 @@ def test_grouped_wgmma_one_cta() -> None:
     assert not one(8 * 8, 8, 2048, 512, bits=4)
 
 
-def test_kbit_grouped_wgmma_wide_rows() -> None:
-    """The kbit grouped wgmma (wide=True) takes 128-row tiles where wgmma_kbit_rows does for more than
-    64 expected rows per expert, and K splits up to one wave of one CTA per SM with them;
-    awq_orin's kernel (wide=False) never."""
+def test_grouped_wgmma_wide_rows() -> None:
+    """The grouped wgmma kernels (wide=True: kbit's and, from session 30, awq_orin's) take 128-row
+    tiles where wgmma_kbit_rows does for more than 64 expected rows per expert, unless their grid
+    leaves a K split fewer than GROUPED_WIDE_MIN_STAGES stages, and K splits up to one wave of one
+    CTA per SM with them."""
+    from kbit_vllm.backends.cuda import awq_ops
+
     sms = 132
     cfg = dispatch.grouped_wgmma_config
+    assert cfg(128 * 8, 8, 512, 2048, sms, 4, wide=True)[0] == 64  # 128-row grid: 2 splits of 4 stages
+    assert cfg(256 * 8, 8, 512, 2048, sms, 4, wide=True)[::2] == (128, 1)  # 8 stages, no split
+    assert cfg(128 * 8, 8, 2048, 512, sms, 5, wide=True)[0] == 64  # 8 splits of 4 stages
+    assert awq_ops.grouped_wgmma_config(2048 * 8, 128, 2048, 1536, sms)[0] == 128
+    assert awq_ops.grouped_wgmma_config(512 * 8, 128, 2048, 1536, sms)[0] == 64
     assert cfg(256 * 8, 8, 2048, 512, sms, 4, wide=True) == (128, 23, 4)    # 32 tiles
     assert cfg(512 * 8, 8, 2048, 512, sms, 4, wide=True)[::2] == (128, 2)  # 64 tiles
     assert cfg(1024 * 8, 8, 2048, 512, sms, 4, wide=True)[::2] == (128, 1)  # 128 tiles: one wave
@@ -279,14 +287,14 @@ def test_kbit_grouped_wgmma_wide_rows() -> None:
 
 
 def test_awq_grouped_wgmma_config() -> None:
-    """The grouped wgmma kernel's row tile holds the rows per expert (64 past it, more items), the
+    """The grouped wgmma kernel's row tile holds the rows per expert (64 or 128 past it), the
     item bound covers every expert's tiles, and K splits only fill an under-used GPU: past half an
     SM's worth of CTAs only while the fp32 partials stay small beside the weights (H200 session 10)."""
     from kbit_vllm.backends.cuda import awq_ops
 
     sms = 132
     assert awq_ops.grouped_wgmma_config(512, 8, 2048, 512, sms) == (64, 15, 8)     # 16 CTAs: split
-    assert awq_ops.grouped_wgmma_config(2048, 8, 512, 2048, sms)[2] == 1           # 256 CTAs, big partials
+    assert awq_ops.grouped_wgmma_config(2048, 8, 512, 2048, sms)[::2] == (128, 1)  # 128 CTAs, big partials
     assert awq_ops.grouped_wgmma_config(64, 128, 2048, 768, sms) == (16, 64, 2)    # 192 CTAs, small partials
     assert awq_ops.grouped_wgmma_config(8192, 128, 2048, 768, sms)[::2] == (64, 1)  # prefill: one wave+
     for rows, n_exp in ((1, 8), (29, 6), (1000, 128)):

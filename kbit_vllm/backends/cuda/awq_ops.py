@@ -382,8 +382,8 @@ def grouped_mma_config(rows: int, n_exp: int, in_f: int, out_f: int, sms: int,
 def grouped_wgmma_config(rows: int, n_exp: int, in_f: int, out_f: int, sms: int,
                          tile_rows: int | None = None) -> tuple[int, int, int]:
     """(tile_rows, items, splits) of the grouped wgmma kernel (dispatch.grouped_wgmma_config, 4-bit
-    weights)."""
-    return dispatch.grouped_wgmma_config(rows, n_exp, in_f, out_f, sms, 4, tile_rows)
+    weights, with the 128-row tile past 64 expected rows per expert as kbit's)."""
+    return dispatch.grouped_wgmma_config(rows, n_exp, in_f, out_f, sms, 4, tile_rows, wide=True)
 
 
 def grouped_path(x2: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, offsets: torch.Tensor, group_size: int,
@@ -393,7 +393,7 @@ def grouped_path(x2: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, offsets: 
 
     wq [E, out/8, in] int32, sz [E, in/group, out, 2], offsets int32 [E + 1] on the device. Public
     so tests and benchmarks can run every path; out, if given, receives the result. bm: the row
-    tile of "mma" (16, 32, 64) or "wgmma" (the Hopper kernel's wgmma N: 16, 32, 64).
+    tile of "mma" (16, 32, 64) or "wgmma" (the Hopper kernel's wgmma N: 16, 32, 64, 128).
     """
     rows, in_f = x2.shape
     n_exp = wq.shape[0]

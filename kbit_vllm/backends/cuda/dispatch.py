@@ -192,7 +192,7 @@ def rule_takes(rules: tuple[tuple[int, int, int], ...], weights: int, m: int) ->
 
 
 # x rows per row tile (the wgmma N) that every wgmma kernel (dense and grouped, kbit and awq) is
-# built for; the kbit kernels also have WGMMA_WIDE_ROWS (128).
+# built for, besides WGMMA_WIDE_ROWS (128) past 64 rows by the rules below.
 WGMMA_ROW_TILES = (16, 32, 64)
 
 
@@ -261,14 +261,20 @@ def wgmma_dense_rows(m: int, capability: tuple[int, int], weights: int, k: int) 
 GROUPED_TILE_HEADROOM_SIGMAS = 2
 
 
+# The grouped 128-row tile needs this many stages (64 inputs each) per K split. H200 session 30, awq_orin
+# bf16 µs 64- / 128-row tiles: seed 002's 512x2048 (8 stages) at 128 rows per expert (2 splits, 4
+# stages each) 8.9 / 17.6, at 256 (no split) 12.5 / 11.0; its 2048x512 at 128 (8 splits) 14.6 / 14.5.
+GROUPED_WIDE_MIN_STAGES = 8
+
+
 def grouped_wgmma_config(rows: int, n_exp: int, in_f: int, out_f: int, sms: int, bits: int,
                          tile_rows: int | None = None, wide: bool = False) -> tuple[int, int, int]:
     """(tile_rows, items, splits) of the grouped wgmma kernels (kbit and awq; 256-feature row
-    tiles): the row tile that holds the expected rows per active expert (wide: the kbit kernel's
-    128-row tile where wgmma_kbit_rows takes it for more than 64 expected rows), the grid's
-    work-item bound, and K splits toward two CTAs per SM (one with the 128-row tile, never past one
-    wave); past half an SM's worth of CTAs only while the fp32 partials move at most a quarter of
-    the weight bytes.
+    tiles): the row tile that holds the expected rows per active expert (wide: the 128-row tile
+    where wgmma_kbit_rows takes it for more than 64 expected rows and its grid leaves every K split
+    GROUPED_WIDE_MIN_STAGES stages), the grid's work-item bound, and K splits toward two CTAs per
+    SM (one with the 128-row tile, never past one wave); past half an SM's worth of CTAs only while
+    the fp32 partials move at most a quarter of the weight bytes.
 
     H200 awq (bench_moe.py, µs split / unsplit): seed 002's 2048x512 at 64 tokens, 16 CTAs, 12.6 /
     30.2, at 256 tokens, 64 CTAs, 25.0 / 30.4 (partials 5x the weights, still a win), at 512
@@ -282,21 +288,31 @@ def grouped_wgmma_config(rows: int, n_exp: int, in_f: int, out_f: int, sms: int,
     active = max(1, min(n_exp, rows))
     per = grouped_rows_per_expert(rows, n_exp)
     need = per + GROUPED_TILE_HEADROOM_SIGMAS * math.isqrt(per)
-    # Past 64 expected rows the kbit kernel weighs its tiles by the expected rows, not the headroom:
-    # at 64 rows per expert (80 with it) only about half the experts reach a second 64-row tile.
-    r = tile_rows or (wgmma_kbit_rows(per, bits) if wide and per > 64 else wgmma_tile_rows(need))
-    items = (rows + active * (r - 1)) // r
-    tiles = active * -(-per // r) * -(-out_f // 256)
     stages = -(-in_f // 64)
-    one = r == WGMMA_WIDE_ROWS  # one CTA per SM (128 accumulators a thread): no more than one wave
-    target = sms if one else 2 * sms
-    if tiles < target:
-        splits = max(1, min(target // tiles if one else -(-target // tiles), stages // 4, 16))
-    else:
-        splits = 1
-    if tiles > sms // 2 and 4 * (splits * rows * out_f * 4) > active * in_f * out_f * bits // 8:
-        splits = 1
-    return r, items, splits
+
+    def grid(r: int) -> tuple[int, int, int]:
+        items = (rows + active * (r - 1)) // r
+        tiles = active * -(-per // r) * -(-out_f // 256)
+        one = r == WGMMA_WIDE_ROWS  # one CTA per SM (128 accumulators a thread): no more than one wave
+        target = sms if one else 2 * sms
+        if tiles < target:
+            splits = max(1, min(target // tiles if one else -(-target // tiles), stages // 4, 16))
+        else:
+            splits = 1
+        if tiles > sms // 2 and 4 * (splits * rows * out_f * 4) > active * in_f * out_f * bits // 8:
+            splits = 1
+        return r, items, splits
+
+    if tile_rows:
+        return grid(tile_rows)
+    narrow = wgmma_tile_rows(need)
+    # Past 64 expected rows the wide kernels weigh their tiles by the expected rows, not the headroom:
+    # at 64 rows per expert (80 with it) only about half the experts reach a second 64-row tile.
+    if not (wide and per > 64 and wgmma_kbit_rows(per, bits) == WGMMA_WIDE_ROWS):
+        return grid(narrow)
+    r, items, splits = grid(WGMMA_WIDE_ROWS)
+    # A one-CTA-per-SM grid whose CTAs run few stages leaves each SM's load latency bare.
+    return (r, items, splits) if -(-stages // splits) >= GROUPED_WIDE_MIN_STAGES else grid(narrow)
 
 
 def grouped_wgmma_one_cta(rows: int, n_exp: int, in_f: int, out_f: int, tile_rows: int, splits: int, sms: int,
@@ -435,7 +451,10 @@ GROUPED_DEQUANT_MIN_ROWS = 88
 # k=4, gate/up µs dequant / wgmma: Qwen3 shapes at 128 rows per expert 615 / 326, 256 684 / 554, 512
 # 965 / 1146; seed 002's 8 experts at 256 24.0 / 16.0, 512 33.4 / 29.0, 1024 49.0 / 55.4. awq_orin's
 # grouped wgmma alike (g128, Qwen3 shapes): 128 rows 617 / 300, 256 689 / 505, 512 963 / 982.
-GROUPED_DEQUANT_MIN_ROWS_WGMMA = 384
+# awq_orin's with its 128-row tiles (session 30, bf16, µs 128-row wgmma / dequant): Qwen3 shapes at 1024
+# rows per expert gate/up 1345 / 1522, down 807 / 847; seed 002's 8 experts at 1024 28.3 / 38.1, 38.5
+# / 45.4, at 2048 56.8 / 63.8, 75.8 / 76.7, at 4096 122.0 / 119.3, 150.3 / 141.6.
+GROUPED_DEQUANT_MIN_ROWS_WGMMA = 2048
 # The kbit grouped wgmma with its 128-row tiles (session 29, bf16, µs wgmma / dequant): Qwen3 shapes at
 # 512 rows per expert k=4 gate/up 838 / 974, down 506 / 540, k=5 991 / 964, 577 / 537; seed 002's 8
 # experts at 512 k=4 27 / 37 (gate, 64-row tiles), 22.5 / 31.8 (down), at 1024 32.8 / 39.2, 43.6 /

@@ -165,7 +165,7 @@ def mma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int,
 # dispatch.wgmma_dense_rows its row tile (the grouped kernels: wgmma_tile_rows).
 WGMMA_ROW_TILES = dispatch.WGMMA_ROW_TILES  # x rows per row tile (the wgmma N) of the wgmma kernels
 wgmma_tile_rows = dispatch.wgmma_tile_rows
-KBIT_WGMMA_ROW_TILES = (*WGMMA_ROW_TILES, dispatch.WGMMA_WIDE_ROWS)  # the kbit kernels' (dense and grouped)
+WGMMA_ALL_ROW_TILES = (*WGMMA_ROW_TILES, dispatch.WGMMA_WIDE_ROWS)  # every wgmma kernel is built for these
 WGMMA_TILE_COLS = 256  # features per row tile (two 128-feature layout tiles)
 WGMMA_STAGE_BLOCKS = 2  # quantization blocks per stream-K work unit there
 _WG_OCC: dict[tuple[int, int, str, int], int] = {}
@@ -488,7 +488,7 @@ def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
     (dispatch.grouped_slot_gemv), else the slot GEMV; "gemv_sk" / "gemv_slot" name one of them
     (gemv_sk falls back as gemv does where stream-K is not usable); "mma" the grouped MMA (row tile
     bm, default by the expected rows per expert); "wgmma" the Hopper kernel (wgmma_ok; bm its row
-    tile of 16, 32, 64 or 128: KBIT_WGMMA_ROW_TILES). mp forces the stream-K GEMV's rows per pass
+    tile of 16, 32, 64 or 128: WGMMA_ALL_ROW_TILES). mp forces the stream-K GEMV's rows per pass
     (1..4). Public so tests and benchmarks can run every path; out, if given, receives the result
     (tests poison it).
     """
