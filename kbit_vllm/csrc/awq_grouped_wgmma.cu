@@ -133,10 +133,11 @@ int launch_rows(const CUtensorMap& tmx, const CUtensorMap& tmw, const CUtensorMa
 }  // namespace
 
 // rows_per_tile: x rows per work item (16, 32, 64 or 128; the wgmma N; 128 runs one CTA per SM as in
-// the dense kernel, past 64 expected rows per expert: dispatch.grouped_wgmma_config); items: grid rows, an upper bound
-// on the (expert, rows_per_tile-row tile) items: (rows + min(n_exp, rows) * (rows_per_tile - 1)) /
-// rows_per_tile; splits > 1 needs workspace [splits, rows, out] fp32 (no zeroing needed). Needs
-// compute capability 9.0 and sm_90a code (ptx::wgmma_device_ok), group a power of two.
+// the dense kernel, past 64 expected rows per expert: dispatch.grouped_wgmma_config); items: grid
+// rows, an upper bound on the (expert, rows_per_tile-row tile) items: (rows + min(n_exp, rows) *
+// (rows_per_tile - 1)) / rows_per_tile; splits > 1 needs workspace [splits, rows, out] fp32 (no
+// zeroing needed). Needs compute capability 9.0 and sm_90a code (ptx::wgmma_device_ok), group a
+// power of two.
 template <typename T>
 int grouped_wgmma(const void* x, const int32_t* wq, const void* sz, const int* offs, void* y, float* workspace,
                   int n_exp, int rows, int in, int out, int group, int rows_per_tile, int items, int splits,
