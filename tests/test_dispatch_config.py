@@ -251,7 +251,8 @@ def test_grouped_wgmma_one_cta() -> None:
     sms = 132
 
     def one(rows: int, n_exp: int, in_f: int, out_f: int, bits: int = 5, wide: bool = True) -> bool:
-        r, _, splits = dispatch.grouped_wgmma_config(rows, n_exp, in_f, out_f, sms, bits, wide=wide)
+        cost = dispatch.WGMMA_WIDE_TILE_COST[bits] if wide else None
+        r, _, splits = dispatch.grouped_wgmma_config(rows, n_exp, in_f, out_f, sms, bits, wide_cost=cost)
         return dispatch.grouped_wgmma_one_cta(rows, n_exp, in_f, out_f, r, splits, sms, bits)
 
     assert one(8 * 8, 8, 2048, 512) and one(64 * 8, 8, 2048, 512) and one(64 * 8, 8, 512, 2048)
@@ -262,14 +263,18 @@ def test_grouped_wgmma_one_cta() -> None:
 
 
 def test_grouped_wgmma_wide_rows() -> None:
-    """The grouped wgmma kernels (wide=True: kbit's and, from session 30, awq_orin's) take 128-row
-    tiles where wgmma_kbit_rows does for more than 64 expected rows per expert, unless their grid
+    """The grouped wgmma kernels (wide_cost given: kbit's and, from session 30, awq_orin's) take
+    128-row tiles where wgmma_wide_rows does for more than 64 expected rows per expert, unless their grid
     leaves a K split fewer than GROUPED_WIDE_MIN_STAGES stages, and K splits up to one wave of one
     CTA per SM with them."""
     from kbit_vllm.backends.cuda import awq_ops
 
     sms = 132
-    cfg = dispatch.grouped_wgmma_config
+
+    def cfg(rows: int, n_exp: int, in_f: int, out_f: int, sms: int, bits: int, wide: bool = False):
+        cost = dispatch.WGMMA_WIDE_TILE_COST[bits] if wide else None
+        return dispatch.grouped_wgmma_config(rows, n_exp, in_f, out_f, sms, bits, wide_cost=cost)
+
     assert cfg(128 * 8, 8, 512, 2048, sms, 4, wide=True)[0] == 64  # 128-row grid: 2 splits of 4 stages
     assert cfg(256 * 8, 8, 512, 2048, sms, 4, wide=True)[::2] == (128, 1)  # 8 stages, no split
     assert cfg(128 * 8, 8, 2048, 512, sms, 5, wide=True)[0] == 64  # 8 splits of 4 stages

@@ -382,8 +382,9 @@ def grouped_mma_config(rows: int, n_exp: int, in_f: int, out_f: int, sms: int,
 def grouped_wgmma_config(rows: int, n_exp: int, in_f: int, out_f: int, sms: int,
                          tile_rows: int | None = None) -> tuple[int, int, int]:
     """(tile_rows, items, splits) of the grouped wgmma kernel (dispatch.grouped_wgmma_config, 4-bit
-    weights, with the 128-row tile past 64 expected rows per expert as kbit's)."""
-    return dispatch.grouped_wgmma_config(rows, n_exp, in_f, out_f, sms, 4, tile_rows, wide=True)
+    weights, its 128-row tile at the dense kernel's WGMMA_WIDE_TILE_COST)."""
+    return dispatch.grouped_wgmma_config(rows, n_exp, in_f, out_f, sms, 4, tile_rows,
+                                         wide_cost=WGMMA_WIDE_TILE_COST)
 
 
 def grouped_path(x2: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, offsets: torch.Tensor, group_size: int,

@@ -230,12 +230,6 @@ def wgmma_wide_rows(m: int, tile_cost: float) -> int:
     return WGMMA_WIDE_ROWS if -(-m // WGMMA_WIDE_ROWS) * tile_cost < -(-m // narrow) else narrow
 
 
-def wgmma_kbit_rows(m: int, k: int) -> int:
-    """x rows per row tile of the kbit wgmma kernels (dense and grouped) for m rows at k bits
-    (wgmma_wide_rows at WGMMA_WIDE_TILE_COST[k])."""
-    return wgmma_wide_rows(m, WGMMA_WIDE_TILE_COST.get(k, 2.0))
-
-
 def wgmma_layer_rows(m: int, capability: tuple[int, int], weights: int, tile_cost: float,
                      above: dict[tuple[int, int], int]) -> int:
     """x rows per row tile of a dense wgmma kernel with wide tiles for m rows of a layer of that many
@@ -248,8 +242,8 @@ def wgmma_layer_rows(m: int, capability: tuple[int, int], weights: int, tile_cos
 
 
 def wgmma_dense_rows(m: int, capability: tuple[int, int], weights: int, k: int) -> int:
-    """x rows per row tile of the dense kbit wgmma kernel for m rows of a k-bit layer: wgmma_kbit_rows
-    on layers above WGMMA_WIDE_ROWS_ABOVE weights, else wgmma_tile_rows."""
+    """x rows per row tile of the dense kbit wgmma kernel for m rows of a k-bit layer: wgmma_wide_rows
+    at WGMMA_WIDE_TILE_COST[k] on layers above WGMMA_WIDE_ROWS_ABOVE weights, else wgmma_tile_rows."""
     return wgmma_layer_rows(m, capability, weights, WGMMA_WIDE_TILE_COST.get(k, 2.0), WGMMA_WIDE_ROWS_ABOVE)
 
 
@@ -268,13 +262,14 @@ GROUPED_WIDE_MIN_STAGES = 8
 
 
 def grouped_wgmma_config(rows: int, n_exp: int, in_f: int, out_f: int, sms: int, bits: int,
-                         tile_rows: int | None = None, wide: bool = False) -> tuple[int, int, int]:
+                         tile_rows: int | None = None, wide_cost: float | None = None) -> tuple[int, int, int]:
     """(tile_rows, items, splits) of the grouped wgmma kernels (kbit and awq; 256-feature row
-    tiles): the row tile that holds the expected rows per active expert (wide: the 128-row tile
-    where wgmma_kbit_rows takes it for more than 64 expected rows and its grid leaves every K split
-    GROUPED_WIDE_MIN_STAGES stages), the grid's work-item bound, and K splits toward two CTAs per
-    SM (one with the 128-row tile, never past one wave); past half an SM's worth of CTAs only while
-    the fp32 partials move at most a quarter of the weight bytes.
+    tiles): the row tile that holds the expected rows per active expert (given wide_cost, the
+    kernel's cost of a 128-row tile in 64-row tiles: the 128-row tile where wgmma_wide_rows takes it
+    for more than 64 expected rows and its grid leaves every K split GROUPED_WIDE_MIN_STAGES
+    stages), the grid's work-item bound, and K splits toward two CTAs per SM (one with the 128-row
+    tile, never past one wave); past half an SM's worth of CTAs only while the fp32 partials move
+    at most a quarter of the weight bytes.
 
     H200 awq (bench_moe.py, µs split / unsplit): seed 002's 2048x512 at 64 tokens, 16 CTAs, 12.6 /
     30.2, at 256 tokens, 64 CTAs, 25.0 / 30.4 (partials 5x the weights, still a win), at 512
@@ -308,7 +303,7 @@ def grouped_wgmma_config(rows: int, n_exp: int, in_f: int, out_f: int, sms: int,
     narrow = wgmma_tile_rows(need)
     # Past 64 expected rows the wide kernels weigh their tiles by the expected rows, not the headroom:
     # at 64 rows per expert (80 with it) only about half the experts reach a second 64-row tile.
-    if not (wide and per > 64 and wgmma_kbit_rows(per, bits) == WGMMA_WIDE_ROWS):
+    if wide_cost is None or per <= 64 or wgmma_wide_rows(per, wide_cost) != WGMMA_WIDE_ROWS:
         return grid(narrow)
     r, items, splits = grid(WGMMA_WIDE_ROWS)
     # A one-CTA-per-SM grid whose CTAs run few stages leaves each SM's load latency bare.
