@@ -17,7 +17,7 @@ constexpr int kAwSSeg = kAwCols * 4;              // scale / offset pairs of a s
 
 // Shared memory of the kernel with R x rows per row tile (the wgmma N: 16, 32 or 64; the host
 // picks the smallest that holds M, so a decode batch of 16 runs n16 wgmmas, not n64 on zero rows;
-// the dense kernel also 128 past 64 rows, at one CTA per SM: kOneCta). Smaller R leaves room for
+// 128 past 64 rows, dense and grouped, at one CTA per SM: kOneCta). Smaller R leaves room for
 // more slots (stages in flight) at 2 CTAs per SM.
 template <int R>
 struct AwCfg {

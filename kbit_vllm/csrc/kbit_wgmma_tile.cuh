@@ -25,7 +25,7 @@ constexpr int kWgOneCtaBytes = 227 * 1024;  // the most shared memory one CTA ma
 
 // Shared memory of the kernel for k = K with R x rows per row tile (the wgmma N: 16, 32 or 64; the
 // host picks the smallest that holds M, so a decode batch of 16 runs n16 wgmmas, not n64 on zero
-// rows; 128 for the dense kernel past 64 rows, one decode for twice the rows, one CTA per SM: its
+// rows; 128 past 64 rows, dense and grouped, one decode for twice the rows, one CTA per SM: its
 // 128 accumulators a thread leave no registers for a second) and C5 lane copies in the k = 5 table.
 // Smaller R leaves room for more slots (stages in flight).
 template <int K, int R, int C5 = kLut5Copies>

@@ -19,7 +19,7 @@ def grouped_mm_ok(dtype: torch.dtype, capability: tuple[int, int], out_features:
 def prefers_dequant(rows: int, n_exp: int, dtype: torch.dtype, capability: tuple[int, int],
                     out_features: int, wgmma: bool = False, kbit: bool = False) -> bool:
     """Dequantize + grouped GEMM beats the grouped kernel the op would run otherwise (wgmma: the
-    Hopper grouped wgmma, kbit's with its 128-row tiles, else the grouped MMA) above
+    Hopper grouped wgmma, kbit's (kbit) or awq_orin's, else the grouped MMA) above
     GROUPED_DEQUANT_MIN_ROWS_WGMMA_KBIT / GROUPED_DEQUANT_MIN_ROWS_WGMMA / GROUPED_DEQUANT_MIN_ROWS
     expected rows per expert, where torch's grouped GEMM takes the call."""
     if wgmma:
