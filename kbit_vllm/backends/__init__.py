@@ -1,6 +1,7 @@
 """Registers each device's implementation of the kbit_vllm:: ops.
 
-CPU: the PyTorch reference, with PyTorch's fused int4 matmul for AWQ. CUDA: the compiled
+CPU: the PyTorch reference, with PyTorch's fused int4 matmul for AWQ and table-lookup
+dequantization for the kbit linear ops (cpu/kbit_tables.py). CUDA: the compiled
 library's kernels where they exist and the library serves this GPU; the reference otherwise,
 after one warning (an error under KBIT_VLLM_STRICT=1, see cuda/library.py).
 awq_orin keeps its own CUDA resident layout (cuda/awq_ops.py) on every GPU, so its CUDA ops
@@ -12,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from . import reference as ref
-from .cpu import int4pack
+from .cpu import int4pack, kbit_tables
 from .cuda import awq_ops, library, moe_ops
 from .cuda import ops as cuda_ops
 
@@ -59,7 +60,7 @@ def register() -> None:
     if _registered:
         return
     for name in _REFERENCE_OPS:
-        cpu_impl = getattr(int4pack, name, None) if name.startswith("awq_") else None
+        cpu_impl = getattr(int4pack if name.startswith("awq_") else kbit_tables, name, None)
         _LIB.impl(name, cpu_impl or getattr(ref, name), "CPU")
         if name in _CUDA_AWQ_OPS:
             cuda_impl = getattr(awq_ops, name)
