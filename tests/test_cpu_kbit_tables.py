@@ -49,7 +49,24 @@ def test_dequantize_tiles_is_the_reference(k: int, dtype: torch.dtype, gen: torc
     natural = torch.empty_like(w[:out_f]).view(out_f, in_f // 32, 32)
     natural[:, :, order] = w[:out_f].view(out_f, in_f // 32, 32)
     expect = reference.dequantize_tiled(packed, absmax, cb, k, out_f, dtype)
-    assert torch.equal(natural.view(out_f, in_f), expect)
+    assert torch.equal(_bits(natural.view(out_f, in_f)), _bits(expect))
+
+
+def _bits(w: torch.Tensor) -> torch.Tensor:
+    """The bit patterns of w, so that -0.0 and 0.0 (and NaNs) compare as stored."""
+    return w.view({2: torch.int16, 4: torch.int32}[w.dtype.itemsize])
+
+
+def test_signed_zero_codebooks_keep_their_tables(gen: torch.Generator) -> None:
+    """The tables are cached per codebook: one whose zero is -0.0 is not served the +0.0 one's."""
+    packed, absmax, _ = _random_tiled(gen, 2, 128, 32)
+    for zero in (0.0, -0.0, 0.0):
+        cb = torch.tensor([-1.0, zero, 0.5, 1.0])
+        w = kbit_tables.dequantize_tiles(packed, absmax, cb, 2, torch.bfloat16)
+        natural = torch.empty_like(w).view(128, 1, 32)
+        natural[:, :, kbit_tables.column_order()] = w.view(128, 1, 32)
+        expect = reference.dequantize_tiled(packed, absmax, cb, 2, 128, torch.bfloat16)
+        assert torch.equal(_bits(natural.view(128, 32)), _bits(expect))
 
 
 @pytest.mark.parametrize("k", BITS)

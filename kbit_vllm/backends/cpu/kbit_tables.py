@@ -51,9 +51,10 @@ def _pair_bits(k: int) -> int:
 
 
 @functools.lru_cache(maxsize=32)
-def _weight_table(codebook: tuple[float, ...], k: int, dtype: torch.dtype) -> torch.Tensor:
+def _weight_table(codebook_bits: tuple[int, ...], k: int, dtype: torch.dtype) -> torch.Tensor:
     """[2^(pair bits + 8)] pairs of dtype weights, one integer each: (codebook[lo] * scale,
-    codebook[hi] * scale) for the index (absmax byte << pair bits) | pair bits."""
+    codebook[hi] * scale) for the index (absmax byte << pair bits) | pair bits. The codebook comes
+    as its float32 bit patterns, so that -0.0 and NaN entries key the cache exactly."""
     pb = _pair_bits(k)
     idx = torch.arange(1 << (pb + 8), dtype=torch.int64)
     pair, scale = idx & ((1 << pb) - 1), E4M4_TABLE[idx >> pb]
@@ -61,7 +62,7 @@ def _weight_table(codebook: tuple[float, ...], k: int, dtype: torch.dtype) -> to
     if k == 5:
         lo, hi = lo | ((pair >> 8) & 1) << 4, hi | ((pair >> 9) & 1) << 4
     cb = torch.zeros(32, dtype=torch.float32)  # codes >= 2^k never occur for k < 4
-    cb[: len(codebook)] = torch.tensor(codebook, dtype=torch.float32)
+    cb[: len(codebook_bits)] = torch.tensor(codebook_bits, dtype=torch.int32).view(torch.float32)
     pairs = torch.stack([cb[lo] * scale, cb[hi] * scale], dim=-1).to(dtype)
     return pairs.view(_PAIR_INT[dtype.itemsize]).reshape(-1)
 
@@ -139,7 +140,7 @@ def dequantize_tiles(packed: torch.Tensor, absmax: torch.Tensor, codebook: torch
     scale = _SCRATCH.get("scale", lead, torch.int32)
     scale.copy_(absmax.permute(0, 2, 1))
     idx.bitwise_or_(scale.bitwise_left_shift_(_pair_bits(k)).unsqueeze(-1))
-    table = _weight_table(tuple(codebook.tolist()), k, dtype)
+    table = _weight_table(tuple(codebook.view(torch.int32).tolist()), k, dtype)
     pairs = _SCRATCH.get("weights", (idx.numel(),), table.dtype)
     torch.index_select(table, 0, idx.view(-1), out=pairs)
     return pairs.view(dtype).view(nt * TILE_N, nb * 32)
