@@ -68,15 +68,16 @@ def _apply(w: torch.Tensor, luts: torch.Tensor) -> torch.Tensor:
     return luts[0][w & 255] | luts[1][(w >> 8) & 255] | luts[2][(w >> 16) & 255] | luts[3][(w >> 24) & 255]
 
 
-# Word g of the k >= 4 order takes the bits at positions q with (q - g) mod 4 = b from plane b.
-_GROUP_MASKS = torch.tensor([[0x11111111 << ((g + b) & 3) for b in range(4)] for g in range(4)], dtype=torch.int64)
+# Word g of the k >= 4 order takes the bits at positions q with (q - g) mod 4 = b from plane b
+# (GROUP_MASKS[g, b]; also how backends/cpu/kbit_tables.py builds group words for k < 4).
+GROUP_MASKS = torch.tensor([[0x11111111 << ((g + b) & 3) for b in range(4)] for g in range(4)], dtype=torch.int64)
 
 
 def _swap_groups(w: torch.Tensor) -> torch.Tensor:
     """[..., k, T] int64 words, k >= 4: words 0..3 from plane order to unrotated group order (or
     back: the swap is its own inverse); word 4 stays."""
     head = w[..., :4, :].unsqueeze(-3)  # [..., 1, 4 (b), T]
-    groups = (head & _GROUP_MASKS.to(w.device)[:, :, None]).sum(dim=-2)  # disjoint masks: sum = or
+    groups = (head & GROUP_MASKS.to(w.device)[:, :, None]).sum(dim=-2)  # disjoint masks: sum = or
     return torch.cat([groups, w[..., 4:, :]], dim=-2)
 
 

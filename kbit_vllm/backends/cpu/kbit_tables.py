@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from ... import op_checks as C
 from ...formats import TILE_N
 from ...formats.e4m4 import E4M4_TABLE
+from ...formats.kbit_layout import GROUP_MASKS
 from .. import reference as ref
 
 # Weights dequantized at once: bounds the scratch (8 MB of indices, 8 MB of 2-byte weights).
@@ -36,12 +37,9 @@ CHUNK_WEIGHTS = 1 << 22
 # A pair of weights as one integer, so that a lookup moves one element.
 _PAIR_INT = {2: torch.int32, 4: torch.int64}
 
-# Bit 4n + g of a k < 4 bit plane b, rotated right by b, is bit b of field n's code in group g
-# (formats/kbit_layout.py). Word g of the k >= 4 order takes the bits at positions q with
-# (q - g) mod 4 = b from plane b and is then rotated right by g: the same masks as kbit_layout's.
-_NIBBLE_LOW = 0x11111111
-_GROUP_MASKS = torch.tensor([[(_NIBBLE_LOW << ((g + b) & 3)) & 0xFFFFFFFF for b in range(3)] for g in range(4)],
-                            dtype=torch.int64).to(torch.int32)  # [g, b], wrapped to int32
+# Group word g (the k >= 4 order) from k < 4 bit planes: the bits of plane b at positions q with
+# (q - g) mod 4 = b (kbit_layout.GROUP_MASKS[g, b], as int32), OR-ed, then rotated right by g.
+_GROUP_MASKS = GROUP_MASKS[:, :3].to(torch.int32)  # values >= 2^31 wrap to their int32 bits
 _GROUP_SHIFTS = torch.arange(4, dtype=torch.int32).view(4, 1)
 
 
@@ -68,8 +66,8 @@ def _weight_table(codebook_bits: tuple[int, ...], k: int, dtype: torch.dtype) ->
 
 
 def _rotate_right(words: torch.Tensor, r: torch.Tensor | int) -> torch.Tensor:
-    """int32 words rotated right by r in 1..31 bits (PyTorch's int32 shifts: arithmetic right,
-    wrapping left)."""
+    """int32 words rotated right by r (1..31, or a tensor of them) bits (PyTorch's int32 shifts:
+    arithmetic right, wrapping left)."""
     return ((words >> r) & ((1 << (32 - r)) - 1)) | (words << (32 - r))
 
 
