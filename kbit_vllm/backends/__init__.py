@@ -1,7 +1,8 @@
 """Registers each device's implementation of the kbit_vllm:: ops.
 
-CPU: the PyTorch reference, with PyTorch's fused int4 matmul for AWQ and table-lookup
-dequantization for the kbit linear ops (cpu/kbit_tables.py). CUDA: the compiled
+CPU: the PyTorch reference, with PyTorch's fused int4 matmul for AWQ, table-lookup
+dequantization for the kbit linear ops (cpu/kbit_tables.py) and a binary-search kbit_quantize
+(cpu/kbit_encode.py). CUDA: the compiled
 library's kernels where they exist and the library serves this GPU; the reference otherwise,
 after one warning (an error under KBIT_VLLM_STRICT=1, see cuda/library.py).
 awq_orin keeps its own CUDA resident layout (cuda/awq_ops.py) on every GPU, so its CUDA ops
@@ -13,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from . import reference as ref
-from .cpu import int4pack, kbit_tables
+from .cpu import int4pack, kbit_encode, kbit_tables
 from .cuda import awq_ops, library, moe_ops
 from .cuda import ops as cuda_ops
 
@@ -60,7 +61,8 @@ def register() -> None:
     if _registered:
         return
     for name in _REFERENCE_OPS:
-        cpu_impl = getattr(int4pack if name.startswith("awq_") else kbit_tables, name, None)
+        cpu_module = int4pack if name.startswith("awq_") else kbit_encode if name == "kbit_quantize" else kbit_tables
+        cpu_impl = getattr(cpu_module, name, None)
         _LIB.impl(name, cpu_impl or getattr(ref, name), "CPU")
         if name in _CUDA_AWQ_OPS:
             cuda_impl = getattr(awq_ops, name)

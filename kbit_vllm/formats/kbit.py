@@ -10,6 +10,8 @@ Dequantization is codebook[code] * s, computed in float32.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .bitplanes import pack_bitplanes, unpack_bitplanes
@@ -47,9 +49,13 @@ def nearest_codes(normalized: torch.Tensor, codebook: torch.Tensor) -> torch.Ten
 
 
 def quantize_kbit(
-    w: torch.Tensor, codebook: torch.Tensor, k: int
+    w: torch.Tensor, codebook: torch.Tensor, k: int,
+    nearest: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nearest_codes,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """W [out, in] float -> (packed int32 [out, in/32*k], absmax uint8 [out, in/32])."""
+    """W [out, in] float -> (packed int32 [out, in/32*k], absmax uint8 [out, in/32]).
+
+    nearest: a drop-in for nearest_codes that must give the same codes (backends/cpu/kbit_encode.py).
+    """
     check_bits(k)
     out_f, in_f = w.shape
     amax = block_absmax(w)
@@ -59,7 +65,7 @@ def quantize_kbit(
     blocks = w.to(torch.float32).reshape(out_f, in_f // BLOCK, BLOCK)
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
     normalized = torch.where(scale > 0, blocks / safe, torch.zeros_like(blocks))
-    codes = nearest_codes(normalized, codebook)
+    codes = nearest(normalized, codebook)
     packed = pack_bitplanes(codes, k).reshape(out_f, in_f // BLOCK * k)
     return packed, code
 
