@@ -24,6 +24,7 @@ from kbit_vllm.formats import (
     unpack_awq,
     unpack_bitplanes,
 )
+from kbit_vllm.formats.bitplanes import pack_bitplanes_shifts
 from kbit_vllm.formats.kbit_layout import TILE_N, tiled_bit_position, tiled_word
 
 BITS = (2, 3, 4, 5)
@@ -116,6 +117,15 @@ def test_bitplanes_round_trip(k: int, gen: torch.Generator) -> None:
     words = pack_bitplanes(codes, k)
     assert words.dtype == torch.int32 and words.shape == (7, 5, k)
     assert torch.equal(unpack_bitplanes(words, k), codes)
+
+
+@pytest.mark.parametrize("k", BITS)
+def test_bitplanes_pack_is_the_definition(k: int, gen: torch.Generator) -> None:
+    """The multiply-gather packing equals the shift-per-bit one on random codes, all-ones included."""
+    codes = torch.randint(0, 1 << k, (3, 300, 32), generator=gen, dtype=torch.uint8)
+    codes[0, 0] = (1 << k) - 1
+    for dtype in (torch.uint8, torch.int64):
+        assert torch.equal(pack_bitplanes(codes.to(dtype), k), pack_bitplanes_shifts(codes, k))
 
 
 def test_bitplanes_hand_example() -> None:
