@@ -17,7 +17,8 @@ def pack_bitplanes(codes: torch.Tensor, k: int) -> torch.Tensor:
     """codes [..., 32] (integer, values < 2^k) -> int32 [..., k] bit-plane words."""
     if codes.shape[-1] != 32:
         raise ValueError(f"pack_bitplanes: last dim must be 32, got {codes.shape[-1]}")
-    if sys.byteorder != "little":  # the byte views below assume byte j = bits 8j..8j+7
+    if sys.byteorder != "little" or codes.device.type != "cpu":
+        # The byte views below assume byte j = bits 8j..8j+7; uint64 multiplication is a CPU op.
         return pack_bitplanes_shifts(codes, k)
     # Bit b of each code as one byte (0 or 1); each run of 8 such bytes, read as a uint64 and
     # multiplied by _GATHER, has bit i of byte i at bit 56 + i of the product's top byte (every
@@ -26,9 +27,9 @@ def pack_bitplanes(codes: torch.Tensor, k: int) -> torch.Tensor:
     # shifting every code 32 times in int64.
     lead = codes.shape[:-1]
     c = codes.reshape(-1, 32).to(torch.uint8)
-    planes = torch.empty((c.shape[0], k, 4), dtype=torch.uint8, device=codes.device)
+    planes = torch.empty((c.shape[0], k, 4), dtype=torch.uint8)
     bits = torch.empty_like(c)
-    gather = torch.tensor(_GATHER, dtype=torch.uint64, device=codes.device)
+    gather = torch.tensor(_GATHER, dtype=torch.uint64)
     for b in range(k):
         torch.bitwise_right_shift(c, b, out=bits)
         bits.bitwise_and_(1)
@@ -41,7 +42,7 @@ _GATHER = 0x0102040810204080  # sum of 2^(56 - 7i): byte i's bit 0 -> bit 56 + i
 
 def pack_bitplanes_shifts(codes: torch.Tensor, k: int) -> torch.Tensor:
     """pack_bitplanes by its definition (bit b of code i -> bit i of word b), with int64 shifts:
-    for big-endian hosts, and the test of the fast path."""
+    for big-endian hosts and non-CPU tensors, and the test of the fast path."""
     c = codes.to(torch.int64)
     shifts = _SHIFTS.to(c.device)
     planes = [(((c >> b) & 1) << shifts).sum(dim=-1) for b in range(k)]
