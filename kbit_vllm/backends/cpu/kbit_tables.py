@@ -13,7 +13,8 @@ reference's. They stay in the group words' byte order (column_order: a transpose
 costs more than the rest), and the activation's columns are permuted to match before one matmul.
 
 Rows go a few tiles at a time (CHUNK_WEIGHTS) through per-thread scratch buffers: on a VM a fresh
-8 MB buffer costs as much in page faults as the table lookups that fill it.
+8 MB buffer costs about half as much in page faults as the table lookups that fill it (0.9 against
+1.4-2.4 ms).
 """
 
 from __future__ import annotations
