@@ -220,6 +220,11 @@ WGMMA_WIDE_ROWS_ABOVE: dict[tuple[int, int], int] = {
 WGMMA_WIDE_TILE_COST: dict[int, float] = {2: 1.6, 3: 1.6, 4: 1.6, 5: 1.4}
 
 
+def wgmma_wide_tile_cost(k: int) -> float:
+    """The kbit wgmma kernels' (dense and grouped) cost of a 128-row tile in 64-row tiles at k bits."""
+    return WGMMA_WIDE_TILE_COST.get(k, 2.0)
+
+
 def wgmma_wide_rows(m: int, tile_cost: float) -> int:
     """x rows per row tile for m rows of a wgmma kernel that also has WGMMA_WIDE_ROWS-row tiles, each
     costing tile_cost 64-row tiles: wgmma_tile_rows, or past 64 rows the wide tile where ceil(m /
@@ -244,7 +249,7 @@ def wgmma_layer_rows(m: int, capability: tuple[int, int], weights: int, tile_cos
 def wgmma_dense_rows(m: int, capability: tuple[int, int], weights: int, k: int) -> int:
     """x rows per row tile of the dense kbit wgmma kernel for m rows of a k-bit layer: wgmma_wide_rows
     at WGMMA_WIDE_TILE_COST[k] on layers above WGMMA_WIDE_ROWS_ABOVE weights, else wgmma_tile_rows."""
-    return wgmma_layer_rows(m, capability, weights, WGMMA_WIDE_TILE_COST.get(k, 2.0), WGMMA_WIDE_ROWS_ABOVE)
+    return wgmma_layer_rows(m, capability, weights, wgmma_wide_tile_cost(k), WGMMA_WIDE_ROWS_ABOVE)
 
 
 # The grouped wgmma row tile holds the expected rows per expert plus this many square roots of it:

@@ -528,7 +528,7 @@ def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
             raise ValueError(f"kbit_grouped_linear wgmma path takes k <= {HOPPER_MAX_K} on compute capability 9.0 "
                              f"with an sm_90a library, got k={k} on {torch.cuda.get_device_capability(dev)}")
         r, items, splits = dispatch.grouped_wgmma_config(rows, n_exp, in_f, out_features, _sms(dev), k, bm,
-                                                         wide_cost=dispatch.WGMMA_WIDE_TILE_COST.get(k, 2.0))
+                                                         wide_cost=dispatch.wgmma_wide_tile_cost(k))
         one_cta = dispatch.grouped_wgmma_one_cta(rows, n_exp, in_f, out_features, r, splits, _sms(dev), k)
         ws = scratch(dev, "partials", splits * rows * out_features) if splits > 1 else None
         check(getattr(LIB, f"kbit_vllm_grouped_wgmma_{sfx}")(
