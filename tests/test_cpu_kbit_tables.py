@@ -44,12 +44,17 @@ def test_dequantize_tiles_is_the_reference(k: int, dtype: torch.dtype, gen: torc
     packed, absmax, cb = _random_tiled(gen, k, out_f, in_f)
     w = kbit_tables.dequantize_tiles(packed, absmax, cb, k, dtype)
     assert w.shape == (3 * TILE_N, in_f) and w.dtype == dtype
-    order = kbit_tables.column_order()
-    assert sorted(order.tolist()) == list(range(32))
-    natural = torch.empty_like(w[:out_f]).view(out_f, in_f // 32, 32)
-    natural[:, :, order] = w[:out_f].view(out_f, in_f // 32, 32)
+    assert sorted(kbit_tables.column_order().tolist()) == list(range(32))
     expect = reference.dequantize_tiled(packed, absmax, cb, k, out_f, dtype)
-    assert torch.equal(_bits(natural.view(out_f, in_f)), _bits(expect))
+    assert torch.equal(_bits(_natural(w[:out_f])), _bits(expect))
+
+
+def _natural(w: torch.Tensor) -> torch.Tensor:
+    """dequantize_tiles' weights with each block's columns back in element order."""
+    out_f, in_f = w.shape
+    natural = torch.empty_like(w).view(out_f, in_f // 32, 32)
+    natural[:, :, kbit_tables.column_order()] = w.view(out_f, in_f // 32, 32)
+    return natural.view(out_f, in_f)
 
 
 def _bits(w: torch.Tensor) -> torch.Tensor:
@@ -63,10 +68,8 @@ def test_signed_zero_codebooks_keep_their_tables(gen: torch.Generator) -> None:
     for zero in (0.0, -0.0, 0.0):
         cb = torch.tensor([-1.0, zero, 0.5, 1.0])
         w = kbit_tables.dequantize_tiles(packed, absmax, cb, 2, torch.bfloat16)
-        natural = torch.empty_like(w).view(128, 1, 32)
-        natural[:, :, kbit_tables.column_order()] = w.view(128, 1, 32)
         expect = reference.dequantize_tiled(packed, absmax, cb, 2, 128, torch.bfloat16)
-        assert torch.equal(_bits(natural.view(128, 32)), _bits(expect))
+        assert torch.equal(_bits(_natural(w)), _bits(expect))
 
 
 @pytest.mark.parametrize("k", BITS)

@@ -21,6 +21,7 @@ k = 5 (more only where one 128-row tile holds more than CHUNK_WEIGHTS weights: i
 from __future__ import annotations
 
 import functools
+import math
 import sys
 import threading
 
@@ -80,10 +81,7 @@ class _Scratch(threading.local):
         self.bufs: dict[str, torch.Tensor] = {}
 
     def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        n = 1
-        for s in shape:
-            n *= s
-        nbytes = n * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         buf = self.bufs.get(name)
         if buf is None or buf.numel() < nbytes:
             buf = self.bufs[name] = torch.empty(nbytes, dtype=torch.uint8)
