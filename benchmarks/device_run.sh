@@ -9,7 +9,7 @@
 #   bench_kbit  benchmarks/bench_kbit.py $BENCH_KBIT_ARGS     bench_awq  benchmarks/bench_awq.py $BENCH_AWQ_ARGS
 #   bench_moe   benchmarks/bench_moe.py $BENCH_MOE_ARGS
 #   bench_moe_layer  benchmarks/bench_moe_layer.py $BENCH_MOE_LAYER_ARGS (whole Qwen3-MoE layers, with variants)
-#   exp_chunked benchmarks/exp_chunked_dequant.py $EXP_CHUNKED_ARGS (issue 3: chunked dequant + cuBLAS at M >= 256)
+#   exp_rows    benchmarks/exp_wgmma_rows.py $EXP_ROWS_ARGS (issue 3: the wgmma kernel at each row tile past 64 rows)
 #   ncu         benchmarks/profile_ncu.sh over NCU_CONFIGS ("in out k path m;in out k path m")
 set -o pipefail
 OUT=${OUT:-device_out}
@@ -39,8 +39,8 @@ for step in $STEPS; do
              > "$OUT/bench_moe.log" 2>&1 ;;
     bench_moe_layer) timeout 200 python3 benchmarks/bench_moe_layer.py $BENCH_MOE_LAYER_ARGS \
              > "$OUT/bench_moe_layer.log" 2>&1 ;;
-    exp_chunked) timeout 240 python3 benchmarks/exp_chunked_dequant.py --json "$OUT/exp_chunked.json" \
-             $EXP_CHUNKED_ARGS > "$OUT/exp_chunked.log" 2>&1 ;;
+    exp_rows) timeout 300 python3 benchmarks/exp_wgmma_rows.py --json "$OUT/exp_rows.json" \
+             $EXP_ROWS_ARGS > "$OUT/exp_rows.log" 2>&1 ;;
     ncu) IFS=';' read -r -a cfgs <<< "${NCU_CONFIGS:-4096 28672 4 gemv 1}"
          timeout 300 bash benchmarks/profile_ncu.sh "${cfgs[@]}" > "$OUT/ncu.log" 2>&1 ;;
     *) echo "unknown step $step" ;;

@@ -21,8 +21,14 @@
 //   (128 accumulators a thread). A 128-row tile costs ~1.6x a 64-row one at k <= 4 and ~1.4x at
 //   k = 5, whose decode is dearer: the kernel is bound by the latency of each warp's decode chain
 //   at 2 warps a scheduler, not by the tensor cores (43% busy; RESULTS.md, session 29).
+// * The tall tile (k <= 4, R = kWgTallRows = 256): one 128-feature layout tile per row tile, one m64
+//   tile of 64 features per warpgroup, so warp w of the CTA owns features 16w + 2r + {0, 1} (A rows
+//   r, r + 8; 8-byte plane reads, 2-byte absmax reads, 4-byte stores) and runs m64n256k16 wgmmas:
+//   each decoded weight feeds 256 rows at the same 128 accumulators a thread, so a warp decodes
+//   half the weights per tensor work of the 128-row tile. It costs ~2.85 64-row tiles against the
+//   128-row tile's ~1.55 (RESULTS.md, session 32); k = 5's 128 KB table leaves no room for its slots.
 // * Stream-K over one wave, unit = (row tile, stage of 2 quantization blocks), row tile = (256
-//   features, R x rows), row tiles feature-major; partial row tiles as in kbit_mma.cu: fp32
+//   features, or 128 in the tall tile, R x rows), row tiles feature-major; partial row tiles as in kbit_mma.cu: fp32
 //   vector reductions into a zeroed accumulator, a per-tile counter, the last CTA writes y and
 //   leaves both zero. (No deterministic mode: backends/cuda picks kbit_mma.cu there.)
 // * Loads are asynchronous copies that lane 0 of warps 0..4 issue, one copy each (kw_load_part),
@@ -59,11 +65,12 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
     using S = WgCfg<K, R, C5>;
     constexpr int kWgRows = R, kWgSlots = S::kSlots, kWgAhead = S::kAhead;
     constexpr int kJ = R / 8;  // 8-row accumulator groups
+    constexpr int MT = S::kMT, TW = S::kTW;  // m64 tiles per warpgroup, layout tiles per row tile
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane & 3;
     const int n_tiles = (N + kTileN - 1) / kTileN;
-    const int n_rt = (n_tiles + kWgTW - 1) / kWgTW;  // row tiles along N
+    const int n_rt = (n_tiles + TW - 1) / TW;  // row tiles along N
     const int m_tiles = (M + kWgRows - 1) / kWgRows;
     const int nst = (nb + kWgBK - 1) / kWgBK;
     const long long ctas = gridDim.x, cta = blockIdx.x;
@@ -88,10 +95,10 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
     SkUnit lc = SkUnit::at(u0, nst, m_tiles);  // the next unit to load (every thread tracks it)
     // Part `part` of the stage of unit n into slot (kw_load_part).
     auto load_part = [&](const SkUnit& n, int slot, int part) {
-        const size_t blk = static_cast<size_t>(n.t * kWgTW) * nb + n.st * kWgBK;
+        const size_t blk = static_cast<size_t>(n.t * TW) * nb + n.st * kWgBK;
         kw_load_part<K, R>(part, slots_s + static_cast<uint32_t>(slot * S::kSlotBytes), bars + slot * 8, &tm_x,
                            n.st * kWgBK * 32, n.mt * kWgRows, packed_t + blk * K * kTileN, absmax_t + blk * kTileN,
-                           nb, min(kWgBK, nb - n.st * kWgBK), min(kWgTW, n_tiles - n.t * kWgTW));
+                           nb, min(kWgBK, nb - n.st * kWgBK), min(TW, n_tiles - n.t * TW));
     };
 
     // The first stages' weights are requested, then the tables built, while the previous kernel
@@ -106,7 +113,7 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
         ptx::mbar_init_fence();
         SkUnit n = lc;
         for (int s = 0; s < kWgAhead && u0 + s < u1; ++s, n.next(nst, m_tiles))
-            for (int part = 1; part < kWgLoadParts; ++part) load_part(n, s, part);
+            for (int part = 1; part < S::kLoadParts; ++part) load_part(n, s, part);
     }
     kw_build_tables<K, T, C5>(tbl, codebook, tid);
     __syncthreads();
@@ -114,10 +121,10 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
     for (int s = 0; s < kWgAhead && u0 + s < u1; ++s, lc.next(nst, m_tiles))
         if (tid == 0) load_part(lc, s, 0);
 
-    const KwLane L = KwLane::make<C5>(tid);
+    const KwLane L = KwLane::make<C5, MT>(tid);
     const int tw = L.tw, c0 = L.c0;
-    float acc[2][R / 2];  // [m64 tile][fragment]
-    uint32_t a[2][2][4];  // A fragments: [k16 half][m64 tile][register]
+    float acc[MT][R / 2];  // [m64 tile][fragment]
+    uint32_t a[2][MT][4];  // A fragments: [k16 half][m64 tile][register]
 
     int q = u0 / nst;  // row tile of the current segment
     bool seg_from_start = u0 == q * nst;
@@ -125,7 +132,7 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
     for (int u = u0; u < u1;) {
         const int seg_end = min(u1, (q + 1) * nst);
 #pragma unroll
-        for (int i = 0; i < 2; ++i)
+        for (int i = 0; i < MT; ++i)
 #pragma unroll
             for (int r = 0; r < R / 2; ++r) acc[i][r] = 0.f;
         for (; u < seg_end; ++u, ++it) {
@@ -133,27 +140,27 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
             ptx::mbar_wait(bars + slot * 8, static_cast<uint32_t>(it / kWgSlots) & 1u);  // stage it landed
             __syncthreads();  // every warp decoded stage it - 1 and its wgmmas of it - 2 are done
             if (u + kWgAhead < u1) {  // refill the slot of stage it - 2: one part per warp
-                if (lane == 0 && warp < kWgLoadParts) load_part(lc, (it + kWgAhead) % kWgSlots, warp);
+                if (lane == 0 && warp < S::kLoadParts) load_part(lc, (it + kWgAhead) % kWgSlots, warp);
                 lc.next(nst, m_tiles);
             }
             kw_stage<T, K, R, C5>(stages + slot * S::kSlotBytes, slots_s + static_cast<uint32_t>(slot * S::kSlotBytes),
                                   tbl, L, acc, a);
         }
         ptx::wgmma_wait<0>();
-        kw_fence_acc<R>(acc);
+        kw_fence_acc<R, MT>(acc);
 
         // End of this CTA's segment of row tile q. acc[i][4j + h]: feature f0 + 2i, x row 8j + 2g + h
-        // of the tile; acc[i][4j + 2 + h]: feature f0 + 2i + 1, the same row.
+        // of the tile; acc[i][4j + 2 + h]: feature f0 + 2i + 1, the same row (i < MT).
         const int st_last = u - 1 - q * nst;
         const int rt = q / m_tiles, mt = q - rt * m_tiles;
-        const int f0 = (rt * kWgTW + tw) * kTileN + c0;
+        const int f0 = (rt * TW + tw) * kTileN + c0;
         bool write = true;
         if (!(seg_from_start && st_last == nst - 1)) {
             const long long first = static_cast<long long>(q) * nst, lastu = first + nst - 1;
             const long long wf = sk_owner(first, units, ctas), wl = sk_owner(lastu, units, ctas);
-            float* mine = ws + static_cast<size_t>(q) * S::kTileFloats + (warp * 2 * kJ * 32 + lane) * 4;
+            float* mine = ws + static_cast<size_t>(q) * S::kTileFloats + (warp * MT * kJ * 32 + lane) * 4;
 #pragma unroll
-            for (int i = 0; i < 2; ++i)
+            for (int i = 0; i < MT; ++i)
 #pragma unroll
                 for (int j = 0; j < kJ; ++j)
                     red_add4(mine + (i * kJ + j) * 128, acc[i][4 * j], acc[i][4 * j + 1], acc[i][4 * j + 2],
@@ -161,7 +168,7 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
             write = sk_cta_arrive_last(counters + q, static_cast<int>(wl - wf));
             if (write) {
 #pragma unroll
-                for (int i = 0; i < 2; ++i)
+                for (int i = 0; i < MT; ++i)
 #pragma unroll
                     for (int j = 0; j < kJ; ++j) {
                         const float4 v = kbit::sk_take4(reinterpret_cast<float4*>(mine + (i * kJ + j) * 128));
@@ -170,10 +177,11 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
             }
         }
         if (write && f0 < N) {
-            float bv[4];
+            constexpr int kF = 2 * MT;  // adjacent features of the lane
+            float bv[kF];
 #pragma unroll
-            for (int s = 0; s < 4; ++s) bv[s] = (bias != nullptr && f0 + s < N) ? to_float(bias[f0 + s]) : 0.f;
-            const bool vec = N % 4 == 0;  // f0 is a multiple of 4: all four features in range
+            for (int s = 0; s < kF; ++s) bv[s] = (bias != nullptr && f0 + s < N) ? to_float(bias[f0 + s]) : 0.f;
+            const bool vec = N % kF == 0;  // f0 is a multiple of kF: all its features in range
 #pragma unroll
             for (int j = 0; j < kJ; ++j)
 #pragma unroll
@@ -181,13 +189,20 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
                     const int row = mt * kWgRows + 8 * j + 2 * g + h;
                     if (row >= M) continue;
                     T* dst = y + static_cast<size_t>(row) * N + f0;
-                    const float v[4] = {acc[0][4 * j + h] + bv[0], acc[0][4 * j + 2 + h] + bv[1],
-                                        acc[1][4 * j + h] + bv[2], acc[1][4 * j + 2 + h] + bv[3]};
+                    float v[kF];
+#pragma unroll
+                    for (int i = 0; i < MT; ++i) {
+                        v[2 * i] = acc[i][4 * j + h] + bv[2 * i];
+                        v[2 * i + 1] = acc[i][4 * j + 2 + h] + bv[2 * i + 1];
+                    }
                     if (vec) {
-                        *reinterpret_cast<uint2*>(dst) = make_uint2(pack2<T>(v[0], v[1]), pack2<T>(v[2], v[3]));
+                        if constexpr (MT == 2)
+                            *reinterpret_cast<uint2*>(dst) = make_uint2(pack2<T>(v[0], v[1]), pack2<T>(v[2], v[3]));
+                        else
+                            *reinterpret_cast<uint32_t*>(dst) = pack2<T>(v[0], v[1]);
                     } else {
 #pragma unroll
-                        for (int s = 0; s < 4; ++s)
+                        for (int s = 0; s < kF; ++s)
                             if (f0 + s < N) dst[s] = from_float<T>(v[s]);
                     }
                 }
@@ -206,6 +221,8 @@ const void* wgmma_kernel_ptr(int* smem) {
     return reinterpret_cast<const void*>(wgmma_sk_kernel<T, K, R, C5>);
 }
 
+// The tall tile (kWgTallRows) is built for k <= 4: k = 5's 128 KB table leaves no room for its
+// 37 KB slots.
 template <typename T, int K, int C5 = kLut5Copies>
 const void* wgmma_pick_rows(int rows, int* smem) {
     switch (rows) {
@@ -213,12 +230,15 @@ const void* wgmma_pick_rows(int rows, int* smem) {
         case 32: return wgmma_kernel_ptr<T, K, 32, C5>(smem);
         case 64: return wgmma_kernel_ptr<T, K, 64, C5>(smem);
         case 128: return wgmma_kernel_ptr<T, K, 128, C5>(smem);
+        case kWgTallRows:
+            if constexpr (K <= 4) return wgmma_kernel_ptr<T, K, kWgTallRows, C5>(smem);
+            return nullptr;
         default: return nullptr;
     }
 }
 
-// The kernel for k bits and `rows` x rows per row tile (16, 32, 64 or 128); nullptr for others. k = 5
-// runs the 32-copy table at one CTA per SM (header).
+// The kernel for k bits and `rows` x rows per row tile (16, 32, 64, 128 or, k <= 4, 256); nullptr for
+// others. k = 5 runs the 32-copy table at one CTA per SM (header).
 template <typename T>
 const void* wgmma_pick(int k, int rows, int* smem) {
     switch (k) {
@@ -235,8 +255,8 @@ const void* wgmma_pick(int k, int rows, int* smem) {
 using ptx::wgmma_device_ok;
 
 // Resident CTAs per SM of the wgmma kernel for k bits and `rows` x rows per row tile, for sizing a
-// one-wave grid; 0 on error, for k outside 2..5 or rows other than 16, 32, 64, 128, or where
-// !wgmma_device_ok().
+// one-wave grid; 0 on error, for k outside 2..5, rows other than 16, 32, 64, 128 and (k <= 4) 256, or
+// where !wgmma_device_ok().
 template <typename T>
 int wgmma_ctas_per_sm(int k, int rows) {
     int smem = 0;
@@ -251,9 +271,10 @@ int wgmma_ctas_per_sm(int k, int rows) {
 template int wgmma_ctas_per_sm<half>(int, int);
 template int wgmma_ctas_per_sm<__nv_bfloat16>(int, int);
 
-// rows: x rows per row tile (16, 32, 64 or 128; the wgmma N). ctas: grid size, 1..units where units =
-// ceil(N / 256) * ceil(M / rows) * ceil(nb / 2). ws: a zeroed fp32 accumulator of ceil(N / 256) *
-// ceil(M / rows) row tiles of rows x 256 floats, counters as many zeroed int32; both are left zero.
+// rows: x rows per row tile (16, 32, 64, 128 or, k <= 4, 256; the wgmma N). cols: features per row
+// tile, 256 (128 for rows = 256). ctas: grid size, 1..units where units = ceil(N / cols) * ceil(M /
+// rows) * ceil(nb / 2). ws: a zeroed fp32 accumulator of ceil(N / cols) * ceil(M / rows) row tiles of
+// rows x cols floats, counters as many zeroed int32; both are left zero.
 template <typename T>
 int launch_wgmma(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int k, int M,
                  int N, int nb, void* y, int rows, int ctas, float* ws, int* counters, cudaStream_t stream) {
@@ -261,7 +282,8 @@ int launch_wgmma(const void* x, const void* pt, const uint8_t* at, const float* 
     int smem = 0;
     const void* f = wgmma_pick<T>(k, rows, &smem);
     if (f == nullptr) return static_cast<int>(cudaErrorInvalidValue);
-    const long long units = ((N + kWgCols - 1) / kWgCols) * static_cast<long long>((M + rows - 1) / rows) *
+    const int cols = kTileN * kw_mt(rows);  // features per row tile
+    const long long units = ((N + cols - 1) / cols) * static_cast<long long>((M + rows - 1) / rows) *
                             ((nb + kWgBK - 1) / kWgBK);
     if (f == nullptr || nb <= 0 || M < 0 || ctas < 1 || ctas > units || units > (1LL << 30) || ws == nullptr ||
         counters == nullptr || !wgmma_device_ok())

@@ -11,8 +11,14 @@ namespace kbit {
 
 constexpr int kWgThreads = 256;        // 2 warpgroups
 constexpr int kWgBK = 2;               // quantization blocks per stage
-constexpr int kWgTW = 2;               // layout tiles per row tile (one per warpgroup)
-constexpr int kWgCols = kTileN * kWgTW;  // features per row tile
+constexpr int kWgTW = 2;               // layout tiles per row tile (one per warpgroup) up to 128 rows
+constexpr int kWgCols = kTileN * kWgTW;  // features per row tile up to 128 rows
+// The tall tile (dense kernel only): 256 x rows, one m64 tile of 64 features per warpgroup, so one
+// 128-feature layout tile per row tile and 16 features a warp (2 a lane). Its m64n256k16 wgmmas give
+// each decoded weight twice the rows of the 128-row tile at the same 128 accumulators a thread.
+constexpr int kWgTallRows = 256;
+// m64 tiles per warpgroup (= layout tiles per row tile) of an R-row tile.
+__host__ __device__ constexpr int kw_mt(int R) { return R == kWgTallRows ? 1 : 2; }
 constexpr int kWgLutWords = 256 * 32;  // compact pair table: one 128-byte row per pair code
 static_assert(kLut5Words == kWgLutWords, "the k = 5 table (kbit_lut5.cuh) fills the k <= 4 table's words");
 // Shared memory two CTAs per SM may each take on sm_90 (228 KB per SM, 1 KB of it reserved per CTA).
@@ -26,17 +32,21 @@ constexpr int kWgOneCtaBytes = 227 * 1024;  // the most shared memory one CTA ma
 // Shared memory of the kernel for k = K with R x rows per row tile (the wgmma N: 16, 32 or 64; the
 // host picks the smallest that holds M, so a decode batch of 16 runs n16 wgmmas, not n64 on zero
 // rows; 128 past 64 rows, dense and grouped, one decode for twice the rows, one CTA per SM: its
-// 128 accumulators a thread leave no registers for a second) and C5 lane copies in the k = 5 table.
-// Smaller R leaves room for more slots (stages in flight).
+// 128 accumulators a thread leave no registers for a second; 256, the dense tall tile, one CTA per
+// SM) and C5 lane copies in the k = 5 table. Smaller R leaves room for more slots (stages in flight).
 template <int K, int R, int C5 = kLut5Copies>
 struct WgCfg {
-    static constexpr bool kOneCta = (K == 5 && C5 == 32) || R == 128;
+    static constexpr int kMT = kw_mt(R);                             // m64 tiles per warpgroup
+    static constexpr int kTW = kMT;                                  // layout tiles per row tile
+    static constexpr int kCols = kTileN * kTW;                       // features per row tile
+    static constexpr int kLoadParts = 1 + 2 * kTW;                   // stage copies (kw_load_part)
+    static constexpr bool kOneCta = (K == 5 && C5 == 32) || R >= 128;
     static constexpr int kXBytes = R * kWgBK * 32 * 2;               // x rows of a stage (128-byte swizzled)
-    static constexpr int kTileFloats = R * kWgCols;
+    static constexpr int kTileFloats = R * kCols;
     static constexpr int kLutBytes = kw_lut_words(K, C5) * 4 + 256 * 4;   // pair table + scale table
     static constexpr int kTileWords = kWgBK * K * kTileN;          // plane words of one layout tile per stage
-    static constexpr int kBWords = kWgTW * kTileWords;             // [tile][block][plane][128]
-    static constexpr int kAbsBytes = kWgTW * kWgBK * kTileN;       // [tile][block][128]
+    static constexpr int kBWords = kTW * kTileWords;               // [tile][block][plane][128]
+    static constexpr int kAbsBytes = kTW * kWgBK * kTileN;         // [tile][block][128]
     static constexpr int kSlotBytes = (kXBytes + kBWords * 4 + kAbsBytes + 1023) / 1024 * 1024;
     static constexpr int kSlotsOff = (kLutBytes + 1023) / 1024 * 1024;
     // Stage slots (x, weights, absmax): k <= 4 as measured (sessions 9-10); k = 5's larger stages
@@ -50,25 +60,27 @@ struct WgCfg {
     static constexpr int kAhead = kSlots - 2;  // stages loaded ahead: the wgmmas read x until 2 stages later
     static constexpr int kBarOff = kSlotsOff + kSlots * kSlotBytes;  // one mbarrier per slot
     static constexpr int kBytes = 1024 + kBarOff + kSlots * 8;      // + alignment to 1024 bytes
-    static_assert(kAhead >= 1 && kTileFloats == R * kWgCols, "a stage in flight at least");
+    static_assert(kAhead >= 1, "a stage in flight at least");
     static_assert(kBytes <= kSmemCap, "the CTAs per SM fit");
 };
 
-// Per-lane constants: warp w of a warpgroup owns features 32w..32w+31 of the warpgroup's layout
-// tile (kbit_wgmma.cu's header has the layout).
+// Per-lane constants (kbit_wgmma.cu's header has the layout). Up to 128 rows (MT = 2) warp w of a
+// warpgroup owns features 32w..32w+31 of the warpgroup's layout tile, 4 adjacent ones a lane; in
+// the tall tile (MT = 1) warp w of the CTA owns features 16w..16w+15 of the row tile's one layout
+// tile, 2 adjacent ones a lane.
 struct KwLane {
     int g;           // lane % 4: the layout's group of the lane
     int tw;          // this warpgroup's layout tile in the row tile
-    int c0;          // this lane's first feature in that layout tile (4 adjacent ones)
+    int c0;          // this lane's first feature in that layout tile (2 MT adjacent ones)
     uint32_t lane8;  // wide_lut_off(.., lane8) / 2: the lane's copy in the 128-byte table rows
     uint32_t copy4;  // k = 5: byte offset of the lane's copy (lane % C5) in a table entry of C5 words
-    template <int C5 = kLut5Copies>
+    template <int C5 = kLut5Copies, int MT = 2>
     __device__ __forceinline__ static KwLane make(int tid) {
         const int lane = tid & 31, warp = tid >> 5;
         KwLane L;
         L.g = lane & 3;
-        L.tw = warp >> 2;
-        L.c0 = 32 * (warp & 3) + 4 * (lane >> 2);
+        L.tw = MT == 2 ? warp >> 2 : 0;
+        L.c0 = MT == 2 ? 32 * (warp & 3) + 4 * (lane >> 2) : 16 * warp + 2 * (lane >> 2);
         L.lane8 = static_cast<uint32_t>(lane) * 8u;
         L.copy4 = static_cast<uint32_t>(lane % C5) * 4u;
         return L;
@@ -87,29 +99,42 @@ __device__ __forceinline__ void kw_build_tables(uint32_t* tbl, const float* __re
     tbl[kw_lut_words(K, C5) + tid] = pack2<T>(sc, sc);
 }
 
-template <int R>
-__device__ __forceinline__ void kw_fence_acc(float (&acc)[2][R / 2]) {
+template <int R, int MT = kw_mt(R)>
+__device__ __forceinline__ void kw_fence_acc(float (&acc)[MT][R / 2]) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < MT; ++i)
 #pragma unroll
         for (int r = 0; r < R / 2; ++r) ptx::reg_fence(acc[i][r]);
 }
 
-// This lane's plane words (features c0..c0 + 3) and absmax bytes of block blk of the landed slot at
-// generic pointer slot (slot layout: [x][plane words][absmax]).
-template <int K, int R>
-__device__ __forceinline__ void kw_read_planes(const unsigned char* slot, const KwLane& L, int blk, uint4 (&pw)[K],
-                                               uint32_t& ab) {
+// This lane's plane words pw[b][s] (features c0 + s, s < 2 MT) and absmax bytes (byte s of ab) of
+// block blk of the landed slot at generic pointer slot (slot layout: [x][plane words][absmax]).
+template <int K, int R, int MT = kw_mt(R)>
+__device__ __forceinline__ void kw_read_planes(const unsigned char* slot, const KwLane& L, int blk,
+                                               uint32_t (&pw)[K][2 * MT], uint32_t& ab) {
     using S = WgCfg<K, R>;
     const unsigned char* base = slot + S::kXBytes;
     const uint32_t* b_s = reinterpret_cast<const uint32_t*>(base) + L.tw * S::kTileWords;
+    const unsigned char* a_s = base + S::kBWords * 4 + (L.tw * kWgBK + blk) * kTileN + L.c0;
 #pragma unroll
-    for (int b = 0; b < K; ++b) pw[b] = *reinterpret_cast<const uint4*>(b_s + (blk * K + b) * kTileN + L.c0);
-    ab = *reinterpret_cast<const uint32_t*>(base + S::kBWords * 4 + (L.tw * kWgBK + blk) * kTileN + L.c0);
+    for (int b = 0; b < K; ++b) {
+        const uint32_t* src = b_s + (blk * K + b) * kTileN + L.c0;
+        if constexpr (MT == 2) {
+            const uint4 v = *reinterpret_cast<const uint4*>(src);
+            pw[b][0] = v.x, pw[b][1] = v.y, pw[b][2] = v.z, pw[b][3] = v.w;
+        } else {
+            const uint2 v = *reinterpret_cast<const uint2*>(src);
+            pw[b][0] = v.x, pw[b][1] = v.y;
+        }
+    }
+    if constexpr (MT == 2)
+        ab = *reinterpret_cast<const uint32_t*>(a_s);
+    else
+        ab = *reinterpret_cast<const uint16_t*>(a_s);
 }
 
 #if defined(KBIT_WGMMA)
-// Stage loads are split into kWgLoadParts copies so that lanes of different warps issue them (lane
+// Stage loads are split into kWgLoadParts copies (S::kLoadParts) so that lanes of different warps issue them (lane
 // 0 of warp `part`): each bulk copy takes ~20 issue slots of address and uniform-register work, and
 // one warp issuing all of them every stage held every other warp at the next block barrier (ncu,
 // RESULTS.md session 27). Part 0 expects the stage's bytes on bar and loads its x box (rows xrow..
@@ -142,36 +167,37 @@ __device__ __forceinline__ void kw_load_part(int part, uint32_t base, uint32_t b
 }
 
 // Decodes one landed stage (slot at generic pointer slot, shared address slot_s) into A fragments
-// and issues its 4 k16 halves as one commit group each (both m64 tiles): acc[i] += W x^T. Before
+// and issues its 4 k16 halves as one commit group each (its MT m64 tiles): acc[i] += W x^T. Before
 // decoding a half the warp waits until at most one group (the previous half's) is pending. The
 // caller waits for all groups (wgmma_wait<0>) before it reads acc.
-template <typename T, int K, int R, int C5 = kLut5Copies>
+template <typename T, int K, int R, int C5 = kLut5Copies, int MT = kw_mt(R)>
 __device__ __forceinline__ void kw_stage(const unsigned char* slot, uint32_t slot_s, const uint32_t* tbl,
-                                         const KwLane& L, float (&acc)[2][R / 2], uint32_t (&a)[2][2][4]) {
+                                         const KwLane& L, float (&acc)[MT][R / 2], uint32_t (&a)[2][MT][4]) {
     const char* tblc = reinterpret_cast<const char*>(tbl);
     const uint64_t desc0 = ptx::wgmma_desc_sw128(slot_s);
     static_assert(kWgBK == 2, "two blocks per stage");
-    uint4 pw[K];
+    uint32_t pw[K][2 * MT];
     uint32_t ab;
-    kw_read_planes<K, R>(slot, L, 0, pw, ab);
+    kw_read_planes<K, R, MT>(slot, L, 0, pw, ab);
 #pragma unroll
     for (int blk = 0; blk < kWgBK; ++blk) {
-        uint32_t gw[4], s2[4], hi[4];  // group words, the scale pair and (k = 5) pair high bits of features c0 + s
+        // group words, the scale pair and (k = 5) pair high bits of features c0 + s
+        uint32_t gw[2 * MT], s2[2 * MT], hi[2 * MT];
 #pragma unroll
-        for (int s = 0; s < 4; ++s) {
+        for (int s = 0; s < 2 * MT; ++s) {
             uint32_t p[K];
 #pragma unroll
-            for (int b = 0; b < K; ++b) p[b] = s == 0 ? pw[b].x : s == 1 ? pw[b].y : s == 2 ? pw[b].z : pw[b].w;
+            for (int b = 0; b < K; ++b) p[b] = pw[b][s];
             gw[s] = group_word<K>(p, L.g);
             hi[s] = K == 5 ? k5_pair_hi(p[K - 1], L.g) : 0u;
             s2[s] = tbl[kw_lut_words(K, C5) + __byte_perm(ab, 0u, 0x4440u | s)];
         }
-        if (blk + 1 < kWgBK) kw_read_planes<K, R>(slot, L, blk + 1, pw, ab);  // overlaps this block's decode
+        if (blk + 1 < kWgBK) kw_read_planes<K, R, MT>(slot, L, blk + 1, pw, ab);  // overlaps this block's decode
         // The table words of k16 half kk: m64 tile i, rows r8 / r8 + 8 = features c0 + 2i / c0 + 2i +
         // 1: a0 / a1 at inputs 2g, 2g + 1 of the half (pair byte 2kk), a2 / a3 at 2g + 8, 2g + 9.
-        auto lookup = [&](int kk, uint32_t (&w)[2][4]) {
+        auto lookup = [&](int kk, uint32_t (&w)[MT][4]) {
 #pragma unroll
-            for (int i = 0; i < 2; ++i)
+            for (int i = 0; i < MT; ++i)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int sf = 2 * i + h;
@@ -192,28 +218,28 @@ __device__ __forceinline__ void kw_stage(const unsigned char* slot, uint32_t slo
         // tensor work: 2-6% (R = 128 and k = 5; RESULTS.md, session 29). At two CTAs per SM the
         // other CTA's warps hide it, and the live words would press the 128-register budget.
         constexpr bool kEarly = WgCfg<K, R, C5>::kOneCta;
-        uint32_t w[2][2][4];
+        uint32_t w[2][MT][4];
         if constexpr (kEarly) {
             lookup(0, w[0]);
             lookup(1, w[1]);
         }
-        // One commit group per k16 half (both m64 tiles), A registers a[kk]: the group two back
+        // One commit group per k16 half (its MT m64 tiles), A registers a[kk]: the group two back
         // used them, so wait until at most one group (the previous half's) is pending.
 #pragma unroll
         for (int kk = 0; kk < 2; ++kk) {
             ptx::wgmma_wait<1>();
             if constexpr (!kEarly) lookup(kk, w[kk]);
 #pragma unroll
-            for (int i = 0; i < 2; ++i)
+            for (int i = 0; i < MT; ++i)
 #pragma unroll
                 for (int j = 0; j < 4; ++j) a[kk][i][j] = mul2<T>(w[kk][i][j], s2[2 * i + (j & 1)]);
-            kw_fence_acc<R>(acc);
+            kw_fence_acc<R, MT>(acc);
             ptx::wgmma_fence();
             const uint64_t desc = desc0 + static_cast<uint64_t>((blk * 2 + kk) * 2);  // 32 bytes a k16 step
 #pragma unroll
-            for (int i = 0; i < 2; ++i) ptx::wgmma_m64k16<T, R>(acc[i], a[kk][i], desc, 1);
+            for (int i = 0; i < MT; ++i) ptx::wgmma_m64k16<T, R>(acc[i], a[kk][i], desc, 1);
             ptx::wgmma_commit();
-            kw_fence_acc<R>(acc);
+            kw_fence_acc<R, MT>(acc);
         }
     }
 }

@@ -88,9 +88,12 @@ MMA_SMALL_LAYER = 12 * 1024 * 1024
 # 234.4; 14336x4096 M=256 70.3 / 92.1, M=384 97.6 / 111.1, M=512 125.7 / 119.7; 4096x6144 M=256
 # 38.4 / 40.1, M=384 50.9 / 46.7; 4096x4096 (64-row tiles) M=192 28.8 / 30.7, M=256 30.3 / 28.2. At
 # M=448 cuBLAS picks a slow kernel for 4096x28672 (269.3 µs against 158.8 at M=512; dequantize +
-# cuBLAS 346.0), where four 128-row tiles take about what they take at 512.
+# cuBLAS 346.0), where four 128-row tiles take about what they take at 512. Session 32, with the
+# 256-row tall tile (WGMMA_TALL_ROWS), tall tile / dequantize + cuBLAS: 4096x28672 M=768 301.6 /
+# 322.4, M=1024 403.2 / 391.1; 14336x4096 M=512 109.6 / 118.7, M=768 157.7 / 153.9; 4096x6144 M=384
+# (128-row tiles) 50.3 / 46.1, M=512 56.2 / 54.2.
 WGMMA_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((100 << 20, 17, 512), (40 << 20, 17, 384), (20 << 20, 17, 256), (0, 17, 192)),
+    (9, 0): ((100 << 20, 17, 768), (40 << 20, 17, 512), (20 << 20, 17, 256), (0, 17, 192)),
 }
 # The same on layers of at most MMA_SMALL_LAYER weights (k <= 4): rules (weights above, first row,
 # last row), the first rule the layer is above decides. The wgmma kernel runs one CTA per SM there
@@ -225,31 +228,55 @@ def wgmma_wide_tile_cost(k: int) -> float:
     return WGMMA_WIDE_TILE_COST.get(k, 2.0)
 
 
-def wgmma_wide_rows(m: int, tile_cost: float) -> int:
+# The dense kbit kernel's tall tile (k <= 4): 256 x rows of one 128-feature layout tile, one m64 tile
+# of 64 features per warpgroup, so each decoded weight feeds 256 rows (csrc/kbit_wgmma.cu). A tall
+# tile costs WGMMA_TALL_TILE_COST[k] 64-row tiles; k = 5 has none (its table leaves no room for the
+# slots). H200 2026-11-28 session 32, bf16 behind a writer of x, k=4 µs 64- / 128- / 256-row tiles
+# (`benchmarks/exp_wgmma_rows.py`): 4096x28672 M=192 124.0 / 127.5 / 119.5, M=256 159.5 / 128.7 /
+# 116.3, M=384 228.3 / 178.0 / 235.6, M=512 298.1 / 231.7 / 210.5, M=768 428.6 / 331.3 / 301.6;
+# 14336x4096 M=192 68.5 / 68.4 / 61.8, M=256 85.2 / 68.5 / 61.9, M=512 154.9 / 121.8 / 109.6;
+# 4096x6144 M=256 48.7 / 37.6 / 35.4; at M=128 (one tile, half of it empty) 4096x28672 89.1 / 72.7 /
+# 168.6. So a tall tile costs ~2.85 64-row ones, a 128-row one ~1.55.
+WGMMA_TALL_ROWS = 256
+WGMMA_TALL_TILE_COST: dict[int, float] = {2: 2.85, 3: 2.85, 4: 2.85}
+
+
+def wgmma_tile_cols(rows: int) -> int:
+    """Features per row tile of the dense kbit wgmma kernel: two layout tiles, one for the tall tile."""
+    return 128 if rows == WGMMA_TALL_ROWS else 256
+
+
+def wgmma_wide_rows(m: int, tile_cost: float, tall_cost: float | None = None) -> int:
     """x rows per row tile for m rows of a wgmma kernel that also has WGMMA_WIDE_ROWS-row tiles, each
-    costing tile_cost 64-row tiles: wgmma_tile_rows, or past 64 rows the wide tile where ceil(m /
-    128) of them cost less than ceil(m / 64) 64-row ones."""
+    costing tile_cost 64-row tiles (and, given tall_cost, WGMMA_TALL_ROWS-row tiles of that cost):
+    wgmma_tile_rows, or past 64 rows the tile whose ceil(m / rows) tiles cost least, the smaller
+    tile on a tie."""
     narrow = WGMMA_ROW_TILES[-1]
     if m <= narrow:
         return wgmma_tile_rows(m)
-    return WGMMA_WIDE_ROWS if -(-m // WGMMA_WIDE_ROWS) * tile_cost < -(-m // narrow) else narrow
+    options = [(narrow, 1.0), (WGMMA_WIDE_ROWS, tile_cost)]
+    if tall_cost is not None:
+        options.append((WGMMA_TALL_ROWS, tall_cost))
+    return min(options, key=lambda o: -(-m // o[0]) * o[1])[0]
 
 
 def wgmma_layer_rows(m: int, capability: tuple[int, int], weights: int, tile_cost: float,
-                     above: dict[tuple[int, int], int]) -> int:
+                     above: dict[tuple[int, int], int], tall_cost: float | None = None) -> int:
     """x rows per row tile of a dense wgmma kernel with wide tiles for m rows of a layer of that many
-    weights: wgmma_wide_rows at tile_cost on layers above above[capability] weights, else
-    wgmma_tile_rows (the kbit kernel: wgmma_dense_rows; awq_orin's: awq_ops.wgmma_rows)."""
+    weights: wgmma_wide_rows at tile_cost (and tall_cost) on layers above above[capability] weights,
+    else wgmma_tile_rows (the kbit kernel: wgmma_dense_rows; awq_orin's: awq_ops.wgmma_rows)."""
     first = above.get(capability)
     if first is None or weights <= first:
         return wgmma_tile_rows(m)
-    return wgmma_wide_rows(m, tile_cost)
+    return wgmma_wide_rows(m, tile_cost, tall_cost)
 
 
 def wgmma_dense_rows(m: int, capability: tuple[int, int], weights: int, k: int) -> int:
     """x rows per row tile of the dense kbit wgmma kernel for m rows of a k-bit layer: wgmma_wide_rows
-    at WGMMA_WIDE_TILE_COST[k] on layers above WGMMA_WIDE_ROWS_ABOVE weights, else wgmma_tile_rows."""
-    return wgmma_layer_rows(m, capability, weights, wgmma_wide_tile_cost(k), WGMMA_WIDE_ROWS_ABOVE)
+    at WGMMA_WIDE_TILE_COST[k] and WGMMA_TALL_TILE_COST[k] on layers above WGMMA_WIDE_ROWS_ABOVE
+    weights, else wgmma_tile_rows."""
+    return wgmma_layer_rows(m, capability, weights, wgmma_wide_tile_cost(k), WGMMA_WIDE_ROWS_ABOVE,
+                            WGMMA_TALL_TILE_COST.get(k))
 
 
 # The grouped wgmma row tile holds the expected rows per expert plus this many square roots of it:

@@ -166,7 +166,6 @@ def mma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int,
 WGMMA_ROW_TILES = dispatch.WGMMA_ROW_TILES  # x rows per row tile (the wgmma N) of the wgmma kernels
 wgmma_tile_rows = dispatch.wgmma_tile_rows
 WGMMA_ALL_ROW_TILES = (*WGMMA_ROW_TILES, dispatch.WGMMA_WIDE_ROWS)  # every wgmma kernel is built for these
-WGMMA_TILE_COLS = 256  # features per row tile (two 128-feature layout tiles)
 WGMMA_STAGE_BLOCKS = 2  # quantization blocks per stream-K work unit there
 _WG_OCC: dict[tuple[int, int, str, int], int] = {}
 _WG_DEV: dict[int, bool] = {}  # device index -> compute capability 9.0 with an sm_90a library
@@ -192,9 +191,10 @@ def wgmma_ok(dev: torch.device | str, k: int) -> bool:
 def wgmma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int) -> tuple[int, int, int]:
     """(rows, ctas, row_tiles) of the stream-K wgmma kernel: the row tile height
     (dispatch.wgmma_dense_rows), one wave (resident CTAs per SM x SMs: one for k = 5 and for the
-    128-row tile, two for k <= 4 but one on the small layers of dispatch.WGMMA_ONE_CTA; a little
-    smaller where that splits the row tiles evenly, dispatch.wgmma_even_grid), never more than the
-    (row tile, stage) units; a row tile is WGMMA_TILE_COLS features x rows rows of x."""
+    128- and 256-row tiles, two for k <= 4 but one on the small layers of dispatch.WGMMA_ONE_CTA; a
+    little smaller where that splits the row tiles evenly, dispatch.wgmma_even_grid), never more than
+    the (row tile, stage) units; a row tile is dispatch.wgmma_tile_cols(rows) features x rows rows of
+    x."""
     cap = torch.cuda.get_device_capability(dev)
     rows = dispatch.wgmma_dense_rows(m, cap, n * nb * 32, k)
     key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, sfx, rows)
@@ -202,7 +202,7 @@ def wgmma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int) -
         _WG_OCC[key] = int(getattr(LIB, f"kbit_vllm_wgmma_ctas_per_sm_{sfx}")(_i(k), _i(rows)))
     if _WG_OCC[key] <= 0:
         raise RuntimeError(f"kbit wgmma kernel (k={k}, {rows} rows) cannot be resident on this GPU")
-    row_tiles = -(-n // WGMMA_TILE_COLS) * -(-m // rows)
+    row_tiles = -(-n // dispatch.wgmma_tile_cols(rows)) * -(-m // rows)
     stages = -(-nb // WGMMA_STAGE_BLOCKS)
     units = row_tiles * stages
     per_sm = 1 if dispatch.wgmma_one_cta(cap, n * nb * 32, m) else _WG_OCC[key]
@@ -352,7 +352,7 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
                              f"k={k} on {torch.cuda.get_device_capability(dev)}")
         rows, ctas, row_tiles = wgmma_config(dev, sfx, k, m, out_features, nb)
         # Partial row tiles: a zeroed fp32 accumulator per row tile and a counter (both left zeroed).
-        ws = scratch(dev, "accum", row_tiles * rows * WGMMA_TILE_COLS)
+        ws = scratch(dev, "accum", row_tiles * rows * dispatch.wgmma_tile_cols(rows))
         ctr = scratch(dev, "counters", row_tiles)
         check(getattr(LIB, f"kbit_vllm_wgmma_{sfx}")(
             _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(bias), _i(k), _i(m),

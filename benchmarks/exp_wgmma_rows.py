@@ -1,0 +1,98 @@
+"""Issue 3 experiment (M >= 256): the dense kbit wgmma kernel at each of its row tiles past 64 rows
+(64, 128 and the 256-row tall tile), forced, beside the op, dequantize + cuBLAS and cuBLAS bf16.
+
+Row tile costs in 64-row tiles (dispatch.WGMMA_WIDE_TILE_COST, WGMMA_TALL_TILE_COST) are read off
+these tables. Timed as bench_kbit.py times (CUDA-graph replay of rotated weight copies, behind a
+writer of x), bf16.
+
+Usage (GPU, repo root): python benchmarks/exp_wgmma_rows.py [--k 4 2] [--m 128 256 ..] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from kbit_vllm import ops
+from kbit_vllm.backends.cuda import dispatch
+from kbit_vllm.backends.cuda import ops as cuda_ops
+from kbit_vllm.formats import normal_float_codebook
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_kbit as bk  # noqa: E402
+
+SHAPES = [("l3_gateup", 4096, 28672), ("l3_down", 14336, 4096), ("l3_qkv", 4096, 6144), ("l3_o", 4096, 4096)]
+MS = [128, 192, 256, 384, 512, 768, 1024]
+ROWS = [64, 128, dispatch.WGMMA_TALL_ROWS]
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y.float() - ref.float()).abs().max() / ref.float().abs().max().clamp(min=1e-30))
+
+
+def forced_rows(rows: int):
+    """A stand-in for dispatch.wgmma_dense_rows that always answers rows."""
+    return lambda m, capability, weights, k: rows
+
+
+def run_shape(name: str, in_f: int, out_f: int, k: int, ms: list[int]) -> list[dict]:
+    out = []
+    w = torch.randn(out_f, in_f, device="cuda", dtype=torch.bfloat16) * 0.05
+    cb = normal_float_codebook(k).cuda()
+    pt, at = ops.kbit_repack(*ops.kbit_quantize(w, cb, k), k)
+    copies = [(pt.clone(), at.clone()) for _ in range(bk.n_copies(pt.numel() * 4 + at.numel()))]
+    w16 = [w.clone() for _ in range(bk.n_copies(w.numel() * 2))]
+    chooser = dispatch.wgmma_dense_rows
+    for m in ms:
+        x = torch.randn(m, in_f, device="cuda", dtype=torch.bfloat16)
+        ref = cuda_ops.linear_path(x, pt, at, cb, None, k, out_f, "dequant")
+        r = {"shape": name, "in": in_f, "out": out_f, "k": k, "M": m,
+             "op_rows": chooser(m, (9, 0), out_f * in_f, k)}
+        r["cublas"] = bk.timed([(lambda wc=wc, x=x: F.linear(x, wc)) for wc in w16], x)
+        r["op"] = bk.timed([(lambda c=c, x=x: ops.kbit_linear(x, c[0], c[1], cb, None, k, out_f)) for c in copies], x)
+        r["dequant"] = bk.timed([(lambda c=c, x=x: cuda_ops.linear_path(x, c[0], c[1], cb, None, k, out_f, "dequant"))
+                                 for c in copies], x)
+        for rows in ROWS:
+            if rows == dispatch.WGMMA_TALL_ROWS and k not in dispatch.WGMMA_TALL_TILE_COST:
+                continue
+            dispatch.wgmma_dense_rows = forced_rows(rows)
+            try:
+                r[f"r{rows}"] = bk.timed([(lambda c=c, x=x: cuda_ops.linear_path(x, c[0], c[1], cb, None, k, out_f,
+                                                                                 "wgmma")) for c in copies], x)
+                r[f"err_r{rows}"] = rel_err(cuda_ops.linear_path(x, pt, at, cb, None, k, out_f, "wgmma"), ref)
+            finally:
+                dispatch.wgmma_dense_rows = chooser
+        out.append(r)
+        cells = " ".join(f"{key}={v:.1f}" for key, v in r.items() if isinstance(v, float) and not key.startswith("err"))
+        errs = " ".join(f"{key}={v:.1e}" for key, v in r.items() if key.startswith("err"))
+        print(f"{name} {in_f}x{out_f} k={k} M={m} (op rows {r['op_rows']}): {cells} | {errs}", flush=True)
+    del copies, w16
+    torch.cuda.empty_cache()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--k", type=int, nargs="+", default=[4])
+    ap.add_argument("--m", type=int, nargs="+", default=MS)
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    bk.BEHIND_WRITER = True
+    bk.start_run()
+    print("# µs per call, bf16, behind a writer; r{rows}: the wgmma kernel forced to that row tile")
+    out = []
+    for name, in_f, out_f in SHAPES:
+        for k in args.k:
+            out += run_shape(name, in_f, out_f, k, args.m)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
