@@ -58,8 +58,6 @@ def run_shape(name: str, in_f: int, out_f: int, k: int, ms: list[int]) -> list[d
         r["dequant"] = bk.timed([(lambda c=c, x=x: cuda_ops.linear_path(x, c[0], c[1], cb, None, k, out_f, "dequant"))
                                  for c in copies], x)
         for rows in ROWS:
-            if rows == dispatch.WGMMA_TALL_ROWS and k not in dispatch.WGMMA_TALL_TILE_COST:
-                continue
             dispatch.wgmma_dense_rows = forced_rows(rows)
             try:
                 r[f"r{rows}"] = bk.timed([(lambda c=c, x=x: cuda_ops.linear_path(x, c[0], c[1], cb, None, k, out_f,

@@ -203,7 +203,7 @@ def test_wgmma_wide_rows(k, dtype, in_f, out_f, monkeypatch):
         _check_linear(y, x, w64, b, dtype)
 
 
-@pytest.mark.parametrize("k", (2, 3, 4))
+@pytest.mark.parametrize("k", (2, 3, 4, 5))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("in_f,out_f", ((4096, 2053), (1312, 777)))
 def test_wgmma_tall_rows(k, dtype, in_f, out_f, monkeypatch):

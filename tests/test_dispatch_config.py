@@ -107,7 +107,7 @@ def test_kbit_wgmma_dense_rows() -> None:
     """H200: the dense wgmma kernel's row tile is the smallest that holds M up to 64 rows; past it,
     on layers above 20 M weights, the tile (64, 128 or, k <= 4, the 256-row tall one) whose ceil(M /
     rows) tiles cost least at WGMMA_WIDE_TILE_COST and WGMMA_TALL_TILE_COST (k <= 4: 128 rows at M =
-    65..128, 257..384 and 513..640, 256 at 129..256, 385..512 and 641..768; k = 5 128 from 65 on);
+    65..128, 257..384 and 513..640, 256 at 129..256, 385..512 and 641..768; k = 5 alike);
     smaller layers and other GPUs keep 64."""
     big, o = 4096 * 28672, 4096 * 4096
     rows = {m: dispatch.wgmma_dense_rows(m, (9, 0), big, 4) for m in (1, 17, 64, 65, 128, 129, 192, 193, 256,
@@ -117,23 +117,23 @@ def test_kbit_wgmma_dense_rows() -> None:
                     320: 128, 321: 128, 384: 128, 385: 256, 512: 256, 513: 128, 640: 128, 641: 256, 768: 256}
     assert dispatch.wgmma_tile_cols(256) == 128 and dispatch.wgmma_tile_cols(128) == 256
     assert dispatch.wgmma_wide_rows(300, 1.6) == 128  # no tall tile given: the grouped kernels' choice
-    assert [dispatch.wgmma_dense_rows(m, (9, 0), big, 5) for m in (64, 65, 129, 192, 257, 384)] == [
-        64, 128, 128, 128, 128, 128]
+    assert [dispatch.wgmma_dense_rows(m, (9, 0), big, 5) for m in (64, 65, 129, 192, 257, 384, 385, 640, 641)] == [
+        64, 128, 256, 256, 128, 128, 256, 128, 256]
     assert [dispatch.wgmma_dense_rows(m, (9, 0), o, k) for m in (65, 128, 256) for k in (4, 5)] == [64] * 6
     assert dispatch.wgmma_dense_rows(128, (8, 0), big, 4) == 64
 
 
 def test_kbit5_hopper_rules() -> None:
     """H200, k = 5 (no MMA variant 5, no stream-K GEMV): the tensor-core GEMV at M = 1..4 above 100 M
-    weights and 1..2 above 40 M, then the wgmma kernel up to 512 rows above 100 M and 384 above 40 M;
+    weights and 1..2 above 40 M, then the wgmma kernel up to 768 rows above 100 M and 512 above 40 M;
     from M = 1 up to 256 rows above
     20 M weights, from 3 up to 192 above MMA_SMALL_LAYER and up to 64 on small layers; the
     lane-shuffle GEMV below, dequantize + cuBLAS past them, the GEMV / MMA where the Hopper kernels
     cannot run."""
     big, down, qkv, o, small = 4096 * 28672, 14336 * 4096, 4096 * 6144, 4096 * 4096, 2048 * 5120
-    assert [dispatch.choose_path(m, (9, 0), big, 5, wgmma=True) for m in (1, 4, 5, 64, 512, 513)] == [
+    assert [dispatch.choose_path(m, (9, 0), big, 5, wgmma=True) for m in (1, 4, 5, 64, 768, 769)] == [
         "gemv_tc", "gemv_tc", "wgmma", "wgmma", "wgmma", "dequant"]
-    assert [dispatch.choose_path(m, (9, 0), down, 5, wgmma=True) for m in (1, 2, 3, 384, 385)] == [
+    assert [dispatch.choose_path(m, (9, 0), down, 5, wgmma=True) for m in (1, 2, 3, 512, 513)] == [
         "gemv_tc", "gemv_tc", "wgmma", "wgmma", "dequant"]
     assert [dispatch.choose_path(m, (9, 0), qkv, 5, wgmma=True) for m in (1, 2, 256, 257)] == [
         "wgmma", "wgmma", "wgmma", "dequant"]

@@ -21,12 +21,13 @@
 //   (128 accumulators a thread). A 128-row tile costs ~1.6x a 64-row one at k <= 4 and ~1.4x at
 //   k = 5, whose decode is dearer: the kernel is bound by the latency of each warp's decode chain
 //   at 2 warps a scheduler, not by the tensor cores (43% busy; RESULTS.md, session 29).
-// * The tall tile (k <= 4, R = kWgTallRows = 256): one 128-feature layout tile per row tile, one m64
+// * The tall tile (R = kWgTallRows = 256): one 128-feature layout tile per row tile, one m64
 //   tile of 64 features per warpgroup, so warp w of the CTA owns features 16w + 2r + {0, 1} (A rows
 //   r, r + 8; 8-byte plane reads, 2-byte absmax reads, 4-byte stores) and runs m64n256k16 wgmmas:
 //   each decoded weight feeds 256 rows at the same 128 accumulators a thread, so a warp decodes
 //   half the weights per tensor work of the 128-row tile. It costs ~2.85 64-row tiles against the
-//   128-row tile's ~1.55 (RESULTS.md, session 32); k = 5's 128 KB table leaves no room for its slots.
+//   128-row tile's ~1.55 (k = 5: ~2.45 on its 8-copy table, 4 slots of 37 KB beside it; RESULTS.md,
+//   session 32).
 // * Stream-K over one wave, unit = (row tile, stage of 2 quantization blocks), row tile = (256
 //   features, or 128 in the tall tile, R x rows), row tiles feature-major; partial row tiles as in kbit_mma.cu: fp32
 //   vector reductions into a zeroed accumulator, a per-tile counter, the last CTA writes y and
@@ -221,8 +222,8 @@ const void* wgmma_kernel_ptr(int* smem) {
     return reinterpret_cast<const void*>(wgmma_sk_kernel<T, K, R, C5>);
 }
 
-// The tall tile (kWgTallRows) is built for k <= 4: k = 5's 128 KB table leaves no room for its
-// 37 KB slots.
+// k = 5's tall tile (kWgTallRows) runs the 8-copy table: the 32-copy one (128 KB) leaves no room
+// for its 37 KB slots.
 template <typename T, int K, int C5 = kLut5Copies>
 const void* wgmma_pick_rows(int rows, int* smem) {
     switch (rows) {
@@ -230,15 +231,13 @@ const void* wgmma_pick_rows(int rows, int* smem) {
         case 32: return wgmma_kernel_ptr<T, K, 32, C5>(smem);
         case 64: return wgmma_kernel_ptr<T, K, 64, C5>(smem);
         case 128: return wgmma_kernel_ptr<T, K, 128, C5>(smem);
-        case kWgTallRows:
-            if constexpr (K <= 4) return wgmma_kernel_ptr<T, K, kWgTallRows, C5>(smem);
-            return nullptr;
+        case kWgTallRows: return wgmma_kernel_ptr<T, K, kWgTallRows, K == 5 ? 8 : C5>(smem);
         default: return nullptr;
     }
 }
 
-// The kernel for k bits and `rows` x rows per row tile (16, 32, 64, 128 or, k <= 4, 256); nullptr for
-// others. k = 5 runs the 32-copy table at one CTA per SM (header).
+// The kernel for k bits and `rows` x rows per row tile (16, 32, 64, 128 or 256); nullptr for others.
+// k = 5 runs the 32-copy table at one CTA per SM (header), but the tall tile the 8-copy one.
 template <typename T>
 const void* wgmma_pick(int k, int rows, int* smem) {
     switch (k) {
@@ -255,8 +254,8 @@ const void* wgmma_pick(int k, int rows, int* smem) {
 using ptx::wgmma_device_ok;
 
 // Resident CTAs per SM of the wgmma kernel for k bits and `rows` x rows per row tile, for sizing a
-// one-wave grid; 0 on error, for k outside 2..5, rows other than 16, 32, 64, 128 and (k <= 4) 256, or
-// where !wgmma_device_ok().
+// one-wave grid; 0 on error, for k outside 2..5, rows other than 16, 32, 64, 128 and 256, or where
+// !wgmma_device_ok().
 template <typename T>
 int wgmma_ctas_per_sm(int k, int rows) {
     int smem = 0;
@@ -271,7 +270,7 @@ int wgmma_ctas_per_sm(int k, int rows) {
 template int wgmma_ctas_per_sm<half>(int, int);
 template int wgmma_ctas_per_sm<__nv_bfloat16>(int, int);
 
-// rows: x rows per row tile (16, 32, 64, 128 or, k <= 4, 256; the wgmma N). cols: features per row
+// rows: x rows per row tile (16, 32, 64, 128 or 256; the wgmma N). cols: features per row
 // tile, 256 (128 for rows = 256). ctas: grid size, 1..units where units = ceil(N / cols) * ceil(M /
 // rows) * ceil(nb / 2). ws: a zeroed fp32 accumulator of ceil(N / cols) * ceil(M / rows) row tiles of
 // rows x cols floats, counters as many zeroed int32; both are left zero.

@@ -127,9 +127,11 @@ WGMMA_SMALL_ROWS: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
 # wgmma / dequantize + cuBLAS: 4096x28672 M=256 140.8 / 176.2, M=384 193.3 / 208.6, M=512 251.1 /
 # 239.6; 14336x4096 M=256 73.8 / 94.3, M=384 105.8 / 114.6, M=512 131.9 / 122.1; 4096x6144 M=256
 # 39.6 / 42.3, M=384 52.3 / 49.7; 4096x4096 M=192 29.9 / 32.3, M=256 31.3 / 29.5; 4096x28672 M=448
-# dequantize + cuBLAS 351.2 (WGMMA_RULES).
+# dequantize + cuBLAS 351.2 (WGMMA_RULES). Session 32, with the tall tile (WGMMA_TALL_ROWS), tall
+# tile / dequantize + cuBLAS: 4096x28672 M=512 219.9 / 236.2, M=768 315.7 / 324.8; 14336x4096
+# M=512 114.0 / 121.0, M=768 164.9 / 156.2; 4096x6144 M=384 (128-row tiles) 50.1 / 47.8.
 WGMMA_RULES_K5: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((100 << 20, 1, 512), (40 << 20, 1, 384), (20 << 20, 1, 256), (MMA_SMALL_LAYER, 3, 192), (0, 3, 64)),
+    (9, 0): ((100 << 20, 1, 768), (40 << 20, 1, 512), (20 << 20, 1, 256), (MMA_SMALL_LAYER, 3, 192), (0, 3, 64)),
 }
 TC_ROWS_K5: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
     (9, 0): ((100 << 20, 1, 4), (40 << 20, 1, 2)),
@@ -228,17 +230,19 @@ def wgmma_wide_tile_cost(k: int) -> float:
     return WGMMA_WIDE_TILE_COST.get(k, 2.0)
 
 
-# The dense kbit kernel's tall tile (k <= 4): 256 x rows of one 128-feature layout tile, one m64 tile
+# The dense kbit kernel's tall tile: 256 x rows of one 128-feature layout tile, one m64 tile
 # of 64 features per warpgroup, so each decoded weight feeds 256 rows (csrc/kbit_wgmma.cu). A tall
-# tile costs WGMMA_TALL_TILE_COST[k] 64-row tiles; k = 5 has none (its table leaves no room for the
-# slots). H200 2026-11-28 session 32, bf16 behind a writer of x, k=4 µs 64- / 128- / 256-row tiles
+# tile costs WGMMA_TALL_TILE_COST[k] 64-row tiles (k = 5 on its 8-copy table: its 32-copy one leaves
+# no room for the slots). H200 2026-11-28 session 32, bf16 behind a writer of x, k=4 µs 64- / 128- / 256-row tiles
 # (`benchmarks/exp_wgmma_rows.py`): 4096x28672 M=192 124.0 / 127.5 / 119.5, M=256 159.5 / 128.7 /
 # 116.3, M=384 228.3 / 178.0 / 235.6, M=512 298.1 / 231.7 / 210.5, M=768 428.6 / 331.3 / 301.6;
 # 14336x4096 M=192 68.5 / 68.4 / 61.8, M=256 85.2 / 68.5 / 61.9, M=512 154.9 / 121.8 / 109.6;
 # 4096x6144 M=256 48.7 / 37.6 / 35.4; at M=128 (one tile, half of it empty) 4096x28672 89.1 / 72.7 /
-# 168.6. So a tall tile costs ~2.85 64-row ones, a 128-row one ~1.55.
+# 168.6. So a tall tile costs ~2.85 64-row ones, a 128-row one ~1.55. k=5: 4096x28672 M=192 145.3 /
+# 132.1 / 122.0, M=256 189.6 / 133.7 / 122.0, M=384 275.9 / 185.9 / 236.6, M=512 363.6 / 239.5 /
+# 219.9; 14336x4096 M=256 99.6 / 69.6 / 64.5, M=512 182.1 / 122.7 / 114.0: the tall tile ~2.45.
 WGMMA_TALL_ROWS = 256
-WGMMA_TALL_TILE_COST: dict[int, float] = {2: 2.85, 3: 2.85, 4: 2.85}
+WGMMA_TALL_TILE_COST: dict[int, float] = {2: 2.85, 3: 2.85, 4: 2.85, 5: 2.45}
 
 
 def wgmma_tile_cols(rows: int) -> int:
