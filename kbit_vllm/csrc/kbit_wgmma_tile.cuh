@@ -88,15 +88,19 @@ struct KwLane {
 };
 
 // The pair table (k <= 4: the compact [256][32] words; k = 5: build_k5_lut) and the scale-pair
-// table of all 256 absmax bytes, built by the CTA's 256 threads (the caller's barrier publishes them).
+// table of all 256 absmax bytes, built by the CTA's nthreads (>= 256, whole warps) threads (the
+// caller's barrier publishes them).
 template <int K, typename T, int C5 = kLut5Copies>
-__device__ __forceinline__ void kw_build_tables(uint32_t* tbl, const float* __restrict__ codebook, int tid) {
+__device__ __forceinline__ void kw_build_tables(uint32_t* tbl, const float* __restrict__ codebook, int tid,
+                                                int nthreads = kWgThreads) {
     if constexpr (K == 5)
-        build_k5_lut<T, C5>(tbl, lane_codebook<5>(codebook, tid & 31), tid, kWgThreads);
+        build_k5_lut<T, C5>(tbl, lane_codebook<5>(codebook, tid & 31), tid, nthreads);
     else
         build_wide_lut<K, T, kWgLutWords / 256>(tbl, codebook);
-    const float sc = decode_e4m4_fast(static_cast<uint32_t>(tid));  // scale pair of absmax byte tid
-    tbl[kw_lut_words(K, C5) + tid] = pack2<T>(sc, sc);
+    if (tid < 256) {
+        const float sc = decode_e4m4_fast(static_cast<uint32_t>(tid));  // scale pair of absmax byte tid
+        tbl[kw_lut_words(K, C5) + tid] = pack2<T>(sc, sc);
+    }
 }
 
 template <int R, int MT = kw_mt(R)>
@@ -131,6 +135,57 @@ __device__ __forceinline__ void kw_read_planes(const unsigned char* slot, const 
         ab = *reinterpret_cast<const uint32_t*>(a_s);
     else
         ab = *reinterpret_cast<const uint16_t*>(a_s);
+}
+
+// The group words gw, scale pairs s2 and (k = 5) pair high bits hi of this lane's 2 MT features c0 + s
+// in one block, from its plane words and absmax bytes (kw_read_planes).
+template <int K, int C5, int MT>
+__device__ __forceinline__ void kw_block_words(const uint32_t (&pw)[K][2 * MT], uint32_t ab, const uint32_t* tbl,
+                                               const KwLane& L, uint32_t (&gw)[2 * MT], uint32_t (&s2)[2 * MT],
+                                               uint32_t (&hi)[2 * MT]) {
+#pragma unroll
+    for (int s = 0; s < 2 * MT; ++s) {
+        uint32_t p[K];
+#pragma unroll
+        for (int b = 0; b < K; ++b) p[b] = pw[b][s];
+        gw[s] = group_word<K>(p, L.g);
+        hi[s] = K == 5 ? k5_pair_hi(p[K - 1], L.g) : 0u;
+        s2[s] = tbl[kw_lut_words(K, C5) + __byte_perm(ab, 0u, 0x4440u | s)];
+    }
+}
+
+// The unscaled table words of k16 half kk of one block: m64 tile i, rows r8 / r8 + 8 = features c0 +
+// 2i / c0 + 2i + 1: w[i][0] / w[i][1] at inputs 2g, 2g + 1 of the half (pair byte 2kk), w[i][2] /
+// w[i][3] at 2g + 8, 2g + 9 (the mma A fragment registers).
+template <int K, int C5, int MT>
+__device__ __forceinline__ void kw_lookup(const char* tblc, const uint32_t (&gw)[2 * MT], const uint32_t (&hi)[2 * MT],
+                                          const KwLane& L, int kk, uint32_t (&w)[MT][4]) {
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int sf = 2 * i + h;
+            uint32_t o0, o1;
+            if constexpr (K == 5) {
+                o0 = k5_lut_off<C5>(gw[sf], hi[sf], 2 * kk, L.copy4);
+                o1 = k5_lut_off<C5>(gw[sf], hi[sf], 2 * kk + 1, L.copy4);
+            } else {
+                o0 = wide_lut_off(gw[sf], 2 * kk, L.lane8) >> 1;
+                o1 = wide_lut_off(gw[sf], 2 * kk + 1, L.lane8) >> 1;
+            }
+            w[i][h] = *reinterpret_cast<const uint32_t*>(tblc + o0);
+            w[i][2 + h] = *reinterpret_cast<const uint32_t*>(tblc + o1);
+        }
+}
+
+// The A fragments of table words w: each times its feature's block scale pair.
+template <typename T, int MT>
+__device__ __forceinline__ void kw_scale(const uint32_t (&w)[MT][4], const uint32_t (&s2)[2 * MT],
+                                         uint32_t (&a)[MT][4]) {
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) a[i][j] = mul2<T>(w[i][j], s2[2 * i + (j & 1)]);
 }
 
 #if defined(KBIT_WGMMA)
@@ -181,38 +236,10 @@ __device__ __forceinline__ void kw_stage(const unsigned char* slot, uint32_t slo
     kw_read_planes<K, R, MT>(slot, L, 0, pw, ab);
 #pragma unroll
     for (int blk = 0; blk < kWgBK; ++blk) {
-        // group words, the scale pair and (k = 5) pair high bits of features c0 + s
         uint32_t gw[2 * MT], s2[2 * MT], hi[2 * MT];
-#pragma unroll
-        for (int s = 0; s < 2 * MT; ++s) {
-            uint32_t p[K];
-#pragma unroll
-            for (int b = 0; b < K; ++b) p[b] = pw[b][s];
-            gw[s] = group_word<K>(p, L.g);
-            hi[s] = K == 5 ? k5_pair_hi(p[K - 1], L.g) : 0u;
-            s2[s] = tbl[kw_lut_words(K, C5) + __byte_perm(ab, 0u, 0x4440u | s)];
-        }
+        kw_block_words<K, C5, MT>(pw, ab, tbl, L, gw, s2, hi);
         if (blk + 1 < kWgBK) kw_read_planes<K, R, MT>(slot, L, blk + 1, pw, ab);  // overlaps this block's decode
-        // The table words of k16 half kk: m64 tile i, rows r8 / r8 + 8 = features c0 + 2i / c0 + 2i +
-        // 1: a0 / a1 at inputs 2g, 2g + 1 of the half (pair byte 2kk), a2 / a3 at 2g + 8, 2g + 9.
-        auto lookup = [&](int kk, uint32_t (&w)[MT][4]) {
-#pragma unroll
-            for (int i = 0; i < MT; ++i)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int sf = 2 * i + h;
-                    uint32_t o0, o1;
-                    if constexpr (K == 5) {
-                        o0 = k5_lut_off<C5>(gw[sf], hi[sf], 2 * kk, L.copy4);
-                        o1 = k5_lut_off<C5>(gw[sf], hi[sf], 2 * kk + 1, L.copy4);
-                    } else {
-                        o0 = wide_lut_off(gw[sf], 2 * kk, L.lane8) >> 1;
-                        o1 = wide_lut_off(gw[sf], 2 * kk + 1, L.lane8) >> 1;
-                    }
-                    w[i][h] = *reinterpret_cast<const uint32_t*>(tblc + o0);
-                    w[i][2 + h] = *reinterpret_cast<const uint32_t*>(tblc + o1);
-                }
-        };
+        auto lookup = [&](int kk, uint32_t (&w)[MT][4]) { kw_lookup<K, C5, MT>(tblc, gw, hi, L, kk, w); };
         // At one CTA per SM (2 warps a scheduler) both halves' table words are looked up at once,
         // before the first wgmma wait, so their shared-memory latency overlaps the previous groups'
         // tensor work: 2-6% (R = 128 and k = 5; RESULTS.md, session 29). At two CTAs per SM the
@@ -229,10 +256,7 @@ __device__ __forceinline__ void kw_stage(const unsigned char* slot, uint32_t slo
         for (int kk = 0; kk < 2; ++kk) {
             ptx::wgmma_wait<1>();
             if constexpr (!kEarly) lookup(kk, w[kk]);
-#pragma unroll
-            for (int i = 0; i < MT; ++i)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) a[kk][i][j] = mul2<T>(w[kk][i][j], s2[2 * i + (j & 1)]);
+            kw_scale<T, MT>(w[kk], s2, a[kk]);
             kw_fence_acc<R, MT>(acc);
             ptx::wgmma_fence();
             const uint64_t desc = desc0 + static_cast<uint64_t>((blk * 2 + kk) * 2);  // 32 bytes a k16 step
