@@ -65,9 +65,6 @@ def run_shape(name: str, in_f: int, out_f: int, k: int, ms: list[int]) -> list[d
                 r[f"err_r{rows}"] = rel_err(cuda_ops.linear_path(x, pt, at, cb, None, k, out_f, "wgmma"), ref)
             finally:
                 dispatch.wgmma_dense_rows = chooser
-        r["ws"] = bk.timed([(lambda c=c, x=x: cuda_ops.linear_path(x, c[0], c[1], cb, None, k, out_f, "wgmma_ws"))
-                            for c in copies], x)
-        r["err_ws"] = rel_err(cuda_ops.linear_path(x, pt, at, cb, None, k, out_f, "wgmma_ws"), ref)
         out.append(r)
         cells = " ".join(f"{key}={v:.1f}" for key, v in r.items() if isinstance(v, float) and not key.startswith("err"))
         errs = " ".join(f"{key}={v:.1e}" for key, v in r.items() if key.startswith("err"))
@@ -85,8 +82,7 @@ def main() -> None:
     args = ap.parse_args()
     bk.BEHIND_WRITER = True
     bk.start_run()
-    print("# µs per call, bf16, behind a writer; r{rows}: the wgmma kernel forced to that row tile; ws: the "
-          "warp-specialized kernel")
+    print("# µs per call, bf16, behind a writer; r{rows}: the wgmma kernel forced to that row tile")
     out = []
     for name, in_f, out_f in SHAPES:
         for k in args.k:

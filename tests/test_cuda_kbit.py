@@ -230,30 +230,6 @@ def test_wgmma_tall_rows(k, dtype, in_f, out_f, monkeypatch):
         _check_linear(y, x, w64, b, dtype)
 
 
-@pytest.mark.parametrize("k", (2, 3, 4, 5))
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("in_f,out_f", ((4096, 2053), (1312, 777)))
-def test_wgmma_ws(k, dtype, in_f, out_f):
-    """The warp-specialized wgmma kernel (producer decode into shared memory, consumer m64n256k16):
-    one and several 256-row x row tiles, a last one nearly empty (M = 257, 513) or full, small M
-    (a tile of mostly zero rows), odd N (a last layout tile of 5 or 9 features), an odd block count
-    (1312 inputs: a last stage of one block), with and without bias, against float64 on outputs
-    poisoned with NaN first."""
-    dev = torch.device(DEV)
-    if not cuda_ops.wgmma_ok(dev, k):
-        pytest.skip("wgmma needs compute capability 9.0 and an sm_90a library")
-    packed, absmax, cb = _weights(out_f, in_f, k)
-    pt, at = ops.kbit_repack(packed, absmax, k)
-    w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64)
-    bias = torch.randn(out_f, device=DEV, dtype=dtype)
-    for m in (5, 200, 256, 257, 513):
-        x = torch.randn(m, in_f, device=DEV, dtype=dtype)
-        b = bias if m % 2 else None
-        poison_allocator(m * out_f * 2)
-        y = cuda_ops.linear_path(x, pt, at, cb, b, k, out_f, "wgmma_ws")
-        _check_linear(y, x, w64, b, dtype)
-
-
 def test_linear_leading_dims_and_fp32():
     k, in_f, out_f = 4, 160, 200
     packed, absmax, cb = _weights(out_f, in_f, k)
@@ -528,13 +504,6 @@ def test_wgmma_wide_graph_replay(m, dtype, monkeypatch):
     monkeypatch.setitem(dispatch.WGMMA_WIDE_ROWS_ABOVE, (9, 0), 0)
     monkeypatch.setitem(dispatch.WGMMA_WIDE_TILE_COST, 4, 1.0)
     _forced_path_graph_replay("wgmma", m, dtype)
-
-
-@pytest.mark.parametrize("m", (200, 600))
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_wgmma_ws_graph_replay(m, dtype):
-    """The warp-specialized wgmma kernel, forced, under CUDA-graph replays."""
-    _forced_path_graph_replay("wgmma_ws", m, dtype)
 
 
 @pytest.mark.parametrize("m", (200, 600))

@@ -42,11 +42,6 @@ int launch_wgmma(const void* x, const void* pt, const uint8_t* at, const float* 
 template <typename T>
 int wgmma_ctas_per_sm(int k, int rows);
 template <typename T>
-int launch_wgmma_ws(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int k,
-                    int M, int N, int nb, void* y, int ctas, float* ws, int* counters, cudaStream_t s);
-template <typename T>
-int wgmma_ws_ctas_per_sm(int k);
-template <typename T>
 int launch_gemv_tc(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int k, int M,
                    int N, int nb, void* y, int ctas, float* ws, int* counters, cudaStream_t s);
 template <typename T>
@@ -166,13 +161,6 @@ KBIT_DEQUANT_API(fp32, float)
                                      static_cast<cudaStream_t>(stream));                                  \
     }                                                                                                     \
     int kbit_vllm_wgmma_ctas_per_sm_##SUFFIX(int k, int rows) { return kbit::wgmma_ctas_per_sm<T>(k, rows); } \
-    int kbit_vllm_wgmma_ws_##SUFFIX(const void* x, const void* pt, const uint8_t* at, const float* cb,    \
-                                    const void* bias, int k, int M, int N, int nb, void* y, int ctas,     \
-                                    float* ws, int* counters, void* stream) {                             \
-        return kbit::launch_wgmma_ws<T>(x, pt, at, cb, bias, k, M, N, nb, y, ctas, ws, counters,          \
-                                        static_cast<cudaStream_t>(stream));                               \
-    }                                                                                                     \
-    int kbit_vllm_wgmma_ws_ctas_per_sm_##SUFFIX(int k) { return kbit::wgmma_ws_ctas_per_sm<T>(k); }       \
     int kbit_vllm_gemv_tc_##SUFFIX(const void* x, const void* pt, const uint8_t* at, const float* cb,     \
                                    const void* bias, int k, int M, int N, int nb, void* y, int ctas,      \
                                    float* ws, int* counters, void* stream) {                              \

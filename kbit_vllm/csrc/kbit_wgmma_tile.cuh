@@ -88,19 +88,15 @@ struct KwLane {
 };
 
 // The pair table (k <= 4: the compact [256][32] words; k = 5: build_k5_lut) and the scale-pair
-// table of all 256 absmax bytes, built by the CTA's nthreads (>= 256, whole warps) threads (the
-// caller's barrier publishes them).
+// table of all 256 absmax bytes, built by the CTA's 256 threads (the caller's barrier publishes them).
 template <int K, typename T, int C5 = kLut5Copies>
-__device__ __forceinline__ void kw_build_tables(uint32_t* tbl, const float* __restrict__ codebook, int tid,
-                                                int nthreads = kWgThreads) {
+__device__ __forceinline__ void kw_build_tables(uint32_t* tbl, const float* __restrict__ codebook, int tid) {
     if constexpr (K == 5)
-        build_k5_lut<T, C5>(tbl, lane_codebook<5>(codebook, tid & 31), tid, nthreads);
+        build_k5_lut<T, C5>(tbl, lane_codebook<5>(codebook, tid & 31), tid, kWgThreads);
     else
         build_wide_lut<K, T, kWgLutWords / 256>(tbl, codebook);
-    if (tid < 256) {
-        const float sc = decode_e4m4_fast(static_cast<uint32_t>(tid));  // scale pair of absmax byte tid
-        tbl[kw_lut_words(K, C5) + tid] = pack2<T>(sc, sc);
-    }
+    const float sc = decode_e4m4_fast(static_cast<uint32_t>(tid));  // scale pair of absmax byte tid
+    tbl[kw_lut_words(K, C5) + tid] = pack2<T>(sc, sc);
 }
 
 template <int R, int MT = kw_mt(R)>

@@ -209,30 +209,11 @@ def wgmma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int) -
     return rows, dispatch.wgmma_even_grid(units, stages, min(per_sm * _sms(dev), units)), row_tiles
 
 
-WGMMA_WS_ROWS = 256  # x rows per row tile of the warp-specialized kernel (csrc/kbit_wgmma_ws.cu)
-_WS_OCC: dict[tuple[int, int, str], int] = {}
-
-
-def wgmma_ws_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int) -> tuple[int, int]:
-    """(ctas, row_tiles) of the warp-specialized wgmma kernel: one wave of one CTA per SM (a little
-    smaller where that splits the row tiles evenly, dispatch.wgmma_even_grid), never more than the
-    (row tile, stage) units; a row tile is 128 features x WGMMA_WS_ROWS rows of x."""
-    key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, sfx)
-    if key not in _WS_OCC:
-        _WS_OCC[key] = int(getattr(LIB, f"kbit_vllm_wgmma_ws_ctas_per_sm_{sfx}")(_i(k)))
-    if _WS_OCC[key] <= 0:
-        raise RuntimeError(f"kbit warp-specialized wgmma kernel (k={k}) cannot be resident on this GPU")
-    row_tiles = -(-n // 128) * -(-m // WGMMA_WS_ROWS)
-    stages = -(-nb // WGMMA_STAGE_BLOCKS)
-    units = row_tiles * stages
-    return dispatch.wgmma_even_grid(units, stages, min(_WS_OCC[key] * _sms(dev), units)), row_tiles
-
-
 def path_ok(dev: torch.device, path: str, k: int, m: int) -> bool:
     """Whether a forced tensor-core path ("mma", "mma_tw1", "mma_v1".., "wgmma", "gemv_tc") serves k
     bits and m rows on dev (tests and benchmarks skip the ones that do not; gemv_tc also needs a
     layer of at least one CTA's worth of work units)."""
-    if path in ("wgmma", "wgmma_ws"):
+    if path == "wgmma":
         return wgmma_ok(dev, k)
     if path == "gemv_tc":
         return 0 < m <= TC_MAX_M and wgmma_ok(dev, k)
@@ -377,17 +358,6 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
             _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(bias), _i(k), _i(m),
             _i(out_features), _i(nb), _ptr(y), _i(rows), _i(ctas), _ptr(ws), _ptr(ctr), stream),
               "kbit_linear (wgmma)")
-        return y
-    if path == "wgmma_ws":
-        if not wgmma_ok(dev, k):
-            raise ValueError(f"kbit_linear wgmma_ws path takes k <= {HOPPER_MAX_K} on compute capability 9.0, got "
-                             f"k={k} on {torch.cuda.get_device_capability(dev)}")
-        ctas, row_tiles = wgmma_ws_config(dev, sfx, k, m, out_features, nb)
-        ws = scratch(dev, "accum", row_tiles * WGMMA_WS_ROWS * 128)
-        ctr = scratch(dev, "counters", row_tiles)
-        check(getattr(LIB, f"kbit_vllm_wgmma_ws_{sfx}")(
-            _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(bias), _i(k), _i(m),
-            _i(out_features), _i(nb), _ptr(y), _i(ctas), _ptr(ws), _ptr(ctr), stream), "kbit_linear (wgmma_ws)")
         return y
     if path not in ("mma", "mma_tw1", "mma_tw2", *MMA_VARIANTS):
         raise ValueError(f"unknown kbit_linear path {path!r}")
