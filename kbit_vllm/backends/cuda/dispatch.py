@@ -241,8 +241,12 @@ def wgmma_wide_tile_cost(k: int) -> float:
 # 168.6. So a tall tile costs ~2.85 64-row ones, a 128-row one ~1.55. k=5: 4096x28672 M=192 145.3 /
 # 132.1 / 122.0, M=256 189.6 / 133.7 / 122.0, M=384 275.9 / 185.9 / 236.6, M=512 363.6 / 239.5 /
 # 219.9; 14336x4096 M=256 99.6 / 69.6 / 64.5, M=512 182.1 / 122.7 / 114.0: the tall tile ~2.45.
+# With one commit group a block (kw_stage_tall), k=4: 4096x28672 M=256 157.5 / 126.9 / 109.9, M=512
+# 296.0 / 228.4 / 197.8, M=768 424.2 / 325.8 / 284.2; 14336x4096 M=256 85.4 / 67.5 / 58.8, M=512
+# 153.1 / 119.9 / 104.1, M=768 219.6 / 170.6 / 148.1 (k=2 alike): ~2.7; k=5 (4096x28672 M=256 119.1,
+# M=512 216.3) ~2.45.
 WGMMA_TALL_ROWS = 256
-WGMMA_TALL_TILE_COST: dict[int, float] = {2: 2.85, 3: 2.85, 4: 2.85, 5: 2.45}
+WGMMA_TALL_TILE_COST: dict[int, float] = {2: 2.7, 3: 2.7, 4: 2.7, 5: 2.45}
 
 
 def wgmma_tile_cols(rows: int) -> int:
