@@ -26,7 +26,7 @@
 //   r, r + 8; 8-byte plane reads, 2-byte absmax reads, 4-byte stores) and runs m64n256k16 wgmmas:
 //   each decoded weight feeds 256 rows at the same 128 accumulators a thread, so a warp decodes
 //   half the weights per tensor work of the 128-row tile. Its groups are a block each (2 k16
-//   halves, kw_stage_tall), not a half: 7% faster. It costs ~2.7 64-row tiles against the 128-row
+//   halves, kw_stage_blocks), not a half: 7% faster. It costs ~2.7 64-row tiles against the 128-row
 //   tile's ~1.55 (k = 5: ~2.45 on its 8-copy table, 4 slots of 37 KB beside it; RESULTS.md,
 //   session 32).
 // * Stream-K over one wave, unit = (row tile, stage of 2 quantization blocks), row tile = (256
@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
     const int tw = L.tw, c0 = L.c0;
     float acc[MT][R / 2];  // [m64 tile][fragment]
     uint32_t a[2][MT][4];  // A fragments: [k16 half][m64 tile][register]
-    uint32_t at[kWgBK][2][1][4];  // the tall tile's: [block][k16 half][m64 tile][register]
+    uint32_t ab[kWgBK][2][MT][4];  // the tall tile's: [block][k16 half][m64 tile][register]
 
     int q = u0 / nst;  // row tile of the current segment
     bool seg_from_start = u0 == q * nst;
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
             const unsigned char* st = stages + slot * S::kSlotBytes;
             const uint32_t st_s = slots_s + static_cast<uint32_t>(slot * S::kSlotBytes);
             if constexpr (R == kWgTallRows)
-                kw_stage_tall<T, K, C5>(st, st_s, tbl, L, acc, at);
+                kw_stage_blocks<T, K, R, C5>(st, st_s, tbl, L, acc, ab);
             else
                 kw_stage<T, K, R, C5>(st, st_s, tbl, L, acc, a);
         }

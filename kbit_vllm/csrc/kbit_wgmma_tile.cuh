@@ -264,39 +264,42 @@ __device__ __forceinline__ void kw_stage(const unsigned char* slot, uint32_t slo
     }
 }
 
-// The tall tile's stage (kWgTallRows rows, one m64 tile a warpgroup): one commit group a block (its
-// 2 k16 halves) with its own A registers a[blk], so the tensor cores hold a whole block of this
-// warp's work while it decodes the next. Before issuing a block the warp waits until at most one
+// The tall tile's stage: one commit group a block (its 2 k16 halves, MT m64 tiles each) with its own
+// A registers a[blk], so the tensor cores hold a whole block of this warp's work while it decodes
+// the next (kw_stage's groups are a half). Before issuing a block the warp waits until at most one
 // group (the other block's) is pending: the group that last read a[blk] is done. The caller waits
-// for all groups (wgmma_wait<0>) before it reads acc.
-template <typename T, int K, int C5>
-__device__ __forceinline__ void kw_stage_tall(const unsigned char* slot, uint32_t slot_s, const uint32_t* tbl,
-                                              const KwLane& L, float (&acc)[1][kWgTallRows / 2],
-                                              uint32_t (&a)[kWgBK][2][1][4]) {
-    constexpr int R = kWgTallRows;
+// for all groups (wgmma_wait<0>) before it reads acc. 7% faster than kw_stage on the tall tile; on
+// the 128-row tiles (dense and grouped) it measured 0-3% slower (RESULTS.md, session 32).
+template <typename T, int K, int R, int C5, int MT = kw_mt(R)>
+__device__ __forceinline__ void kw_stage_blocks(const unsigned char* slot, uint32_t slot_s, const uint32_t* tbl,
+                                                const KwLane& L, float (&acc)[MT][R / 2],
+                                                uint32_t (&a)[kWgBK][2][MT][4]) {
     const char* tblc = reinterpret_cast<const char*>(tbl);
     const uint64_t desc0 = ptx::wgmma_desc_sw128(slot_s);
-    uint32_t pw[K][2];
+    uint32_t pw[K][2 * MT];
     uint32_t ab;
-    kw_read_planes<K, R, 1>(slot, L, 0, pw, ab);
+    kw_read_planes<K, R, MT>(slot, L, 0, pw, ab);
 #pragma unroll
     for (int blk = 0; blk < kWgBK; ++blk) {
-        uint32_t gw[2], s2[2], hi[2];
-        kw_block_words<K, C5, 1>(pw, ab, tbl, L, gw, s2, hi);
-        if (blk + 1 < kWgBK) kw_read_planes<K, R, 1>(slot, L, blk + 1, pw, ab);
-        uint32_t w[2][1][4];
+        uint32_t gw[2 * MT], s2[2 * MT], hi[2 * MT];
+        kw_block_words<K, C5, MT>(pw, ab, tbl, L, gw, s2, hi);
+        if (blk + 1 < kWgBK) kw_read_planes<K, R, MT>(slot, L, blk + 1, pw, ab);
+        uint32_t w[2][MT][4];
 #pragma unroll
-        for (int kk = 0; kk < 2; ++kk) kw_lookup<K, C5, 1>(tblc, gw, hi, L, kk, w[kk]);
+        for (int kk = 0; kk < 2; ++kk) kw_lookup<K, C5, MT>(tblc, gw, hi, L, kk, w[kk]);
         ptx::wgmma_wait<1>();
 #pragma unroll
-        for (int kk = 0; kk < 2; ++kk) kw_scale<T, 1>(w[kk], s2, a[blk][kk]);
-        kw_fence_acc<R, 1>(acc);
+        for (int kk = 0; kk < 2; ++kk) kw_scale<T, MT>(w[kk], s2, a[blk][kk]);
+        kw_fence_acc<R, MT>(acc);
         ptx::wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < 2; ++kk)  // 32 bytes a k16 step
-            ptx::wgmma_m64k16<T, R>(acc[0], a[blk][kk][0], desc0 + static_cast<uint64_t>((blk * 2 + kk) * 2), 1);
+        for (int kk = 0; kk < 2; ++kk) {
+            const uint64_t desc = desc0 + static_cast<uint64_t>((blk * 2 + kk) * 2);  // 32 bytes a k16 step
+#pragma unroll
+            for (int i = 0; i < MT; ++i) ptx::wgmma_m64k16<T, R>(acc[i], a[blk][kk][i], desc, 1);
+        }
         ptx::wgmma_commit();
-        kw_fence_acc<R, 1>(acc);
+        kw_fence_acc<R, MT>(acc);
     }
 }
 
