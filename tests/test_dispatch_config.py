@@ -82,12 +82,12 @@ def test_kbit_tensor_core_gemv_rows() -> None:
 
 def test_kbit_wgmma_rows() -> None:
     """H200: the wgmma kernel takes WGMMA_RULES' rows on layers above MMA_SMALL_LAYER (M = 17..768
-    above 100 M weights, 17..512 above 40 M, 17..256 above 20 M, 17..192 below) and WGMMA_SMALL_ROWS (M = 17..64, 17..32
+    above 100 M weights, 17..576 above 40 M, 17..384 above 20 M, 17..192 below) and WGMMA_SMALL_ROWS (M = 17..64, 17..32
     up to 2 M weights) on smaller ones, where it can run (ops.wgmma_ok, not deterministic mode);
     elsewhere the MMA / dequantize + cuBLAS rules stand."""
     big, down, qkv, o = 4096 * 28672, 14336 * 4096, 4096 * 6144, 4096 * 4096
     small, tiny = 2048 * 2048, 2048 * 512
-    for w, last in ((big, 768), (down, 512), (qkv, 256), (o, 192)):
+    for w, last in ((big, 768), (down, 576), (qkv, 384), (o, 192)):
         assert dispatch.choose_path(17, (9, 0), w, 4, wgmma=True) == "wgmma"
         assert dispatch.choose_path(last, (9, 0), w, 2, wgmma=True) == "wgmma"
         assert dispatch.choose_path(16, (9, 0), w, 4, wgmma=True) == "mma"
@@ -105,22 +105,24 @@ def test_kbit_wgmma_rows() -> None:
 
 def test_kbit_wgmma_dense_rows() -> None:
     """H200: the dense wgmma kernel's row tile is the smallest that holds M up to 64 rows; past it,
-    on layers above 20 M weights, the tile (64, 128 or, k <= 4, the 256-row tall one) whose ceil(M /
-    rows) tiles cost least at WGMMA_WIDE_TILE_COST and WGMMA_TALL_TILE_COST (k <= 4: 128 rows at M =
-    65..128, 257..384 and 513..640, 256 at 129..256, 385..512 and 641..768; k = 5 alike);
-    smaller layers and other GPUs keep 64."""
-    big, o = 4096 * 28672, 4096 * 4096
-    rows = {m: dispatch.wgmma_dense_rows(m, (9, 0), big, 4) for m in (1, 17, 64, 65, 128, 129, 192, 193, 256,
-                                                                     257, 320, 321, 384, 385, 512, 513, 640,
-                                                                     641, 768)}
-    assert rows == {1: 16, 17: 32, 64: 64, 65: 128, 128: 128, 129: 256, 192: 256, 193: 256, 256: 256, 257: 128,
-                    320: 128, 321: 128, 384: 128, 385: 256, 512: 256, 513: 128, 640: 128, 641: 256, 768: 256}
-    assert dispatch.wgmma_tile_cols(256) == 128 and dispatch.wgmma_tile_cols(128) == 256
-    assert dispatch.wgmma_wide_rows(300, 1.6) == 128  # no tall tile given: the grouped kernels' choice
-    assert [dispatch.wgmma_dense_rows(m, (9, 0), big, 5) for m in (64, 65, 129, 192, 257, 384, 385, 640, 641)] == [
-        64, 128, 256, 256, 128, 128, 256, 128, 256]
-    assert [dispatch.wgmma_dense_rows(m, (9, 0), o, k) for m in (65, 128, 256) for k in (4, 5)] == [64] * 6
+    on layers above 20 M weights, the tile (64, 128 or the 192- and 256-row tall ones) whose
+    ceil(M / rows) tiles cost least (WGMMA_WIDE_TILE_COST, WGMMA_TALL192_TILE_COST,
+    WGMMA_TALL_TILE_COST): 128 rows at M = 65..128 and 577..640, 192 at 129..192, 257..384 and
+    513..576, 256 at 193..256, 385..512 and 641..768 (k = 5 alike); layers of 12-20 M weights
+    (4096x4096) take the tall tiles but not the 128-row one; smaller layers and other GPUs keep 64."""
+    big, o, small = 4096 * 28672, 4096 * 4096, 2048 * 5120
+    ms = (1, 17, 64, 65, 128, 129, 192, 193, 256, 257, 384, 385, 512, 513, 576, 577, 640, 641, 768)
+    want = {1: 16, 17: 32, 64: 64, 65: 128, 128: 128, 129: 192, 192: 192, 193: 256, 256: 256, 257: 192,
+            384: 192, 385: 256, 512: 256, 513: 192, 576: 192, 577: 128, 640: 128, 641: 256, 768: 256}
+    assert {m: dispatch.wgmma_dense_rows(m, (9, 0), big, 4) for m in ms} == want
+    assert {m: dispatch.wgmma_dense_rows(m, (9, 0), big, 5) for m in ms} == want
+    assert [dispatch.wgmma_dense_rows(m, (9, 0), o, 4) for m in (65, 128, 129, 192, 256)] == [64, 64, 192, 192, 256]
+    assert [dispatch.wgmma_dense_rows(m, (9, 0), small, k) for m in (65, 192) for k in (4, 5)] == [64] * 4
     assert dispatch.wgmma_dense_rows(128, (8, 0), big, 4) == 64
+    assert dispatch.wgmma_tile_cols(256) == 128 and dispatch.wgmma_tile_cols(192) == 128
+    assert dispatch.wgmma_tile_cols(128) == 256
+    assert dispatch.wgmma_wide_rows(300, 1.6) == 128  # no tall tile given: the grouped kernels' choice
+    assert dispatch.wgmma_wide_rows(300, None, ((192, 2.2),)) == 192
 
 
 def test_kbit5_hopper_rules() -> None:

@@ -27,8 +27,9 @@
 //   each decoded weight feeds 256 rows at the same 128 accumulators a thread, so a warp decodes
 //   half the weights per tensor work of the 128-row tile. Its groups are a block each (2 k16
 //   halves, kw_stage_blocks), not a half: 7% faster. It costs ~2.7 64-row tiles against the 128-row
-//   tile's ~1.55 (k = 5: ~2.45 on its 8-copy table, 4 slots of 37 KB beside it; RESULTS.md,
-//   session 32).
+//   tile's ~1.55 (k = 5: ~2.45 on its 8-copy table, 4 slots of 37 KB beside it). A 192-row tall
+//   tile (m64n192k16, kWgTall192Rows) costs ~2.2 (k = 5 ~2.0) and holds 384 rows in two tiles
+//   (RESULTS.md, session 32).
 // * Stream-K over one wave, unit = (row tile, stage of 2 quantization blocks), row tile = (256
 //   features, or 128 in the tall tile, R x rows), row tiles feature-major; partial row tiles as in kbit_mma.cu: fp32
 //   vector reductions into a zeroed accumulator, a per-tile counter, the last CTA writes y and
@@ -148,7 +149,7 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
             }
             const unsigned char* st = stages + slot * S::kSlotBytes;
             const uint32_t st_s = slots_s + static_cast<uint32_t>(slot * S::kSlotBytes);
-            if constexpr (R == kWgTallRows)
+            if constexpr (MT == 1)  // the tall tiles
                 kw_stage_blocks<T, K, R, C5>(st, st_s, tbl, L, acc, ab);
             else
                 kw_stage<T, K, R, C5>(st, st_s, tbl, L, acc, a);
@@ -228,7 +229,7 @@ const void* wgmma_kernel_ptr(int* smem) {
     return reinterpret_cast<const void*>(wgmma_sk_kernel<T, K, R, C5>);
 }
 
-// k = 5's tall tile (kWgTallRows) runs the 8-copy table: the 32-copy one (128 KB) leaves no room
+// k = 5's tall tiles run the 8-copy table: the 32-copy one (128 KB) leaves no room
 // for its 37 KB slots.
 template <typename T, int K, int C5 = kLut5Copies>
 const void* wgmma_pick_rows(int rows, int* smem) {
@@ -237,13 +238,14 @@ const void* wgmma_pick_rows(int rows, int* smem) {
         case 32: return wgmma_kernel_ptr<T, K, 32, C5>(smem);
         case 64: return wgmma_kernel_ptr<T, K, 64, C5>(smem);
         case 128: return wgmma_kernel_ptr<T, K, 128, C5>(smem);
+        case kWgTall192Rows: return wgmma_kernel_ptr<T, K, kWgTall192Rows, K == 5 ? 8 : C5>(smem);
         case kWgTallRows: return wgmma_kernel_ptr<T, K, kWgTallRows, K == 5 ? 8 : C5>(smem);
         default: return nullptr;
     }
 }
 
-// The kernel for k bits and `rows` x rows per row tile (16, 32, 64, 128 or 256); nullptr for others.
-// k = 5 runs the 32-copy table at one CTA per SM (header), but the tall tile the 8-copy one.
+// The kernel for k bits and `rows` x rows per row tile (16, 32, 64, 128, 192 or 256); nullptr for
+// others. k = 5 runs the 32-copy table at one CTA per SM (header), but the tall tiles the 8-copy one.
 template <typename T>
 const void* wgmma_pick(int k, int rows, int* smem) {
     switch (k) {
@@ -260,8 +262,8 @@ const void* wgmma_pick(int k, int rows, int* smem) {
 using ptx::wgmma_device_ok;
 
 // Resident CTAs per SM of the wgmma kernel for k bits and `rows` x rows per row tile, for sizing a
-// one-wave grid; 0 on error, for k outside 2..5, rows other than 16, 32, 64, 128 and 256, or where
-// !wgmma_device_ok().
+// one-wave grid; 0 on error, for k outside 2..5, rows other than 16, 32, 64, 128, 192 and 256, or
+// where !wgmma_device_ok().
 template <typename T>
 int wgmma_ctas_per_sm(int k, int rows) {
     int smem = 0;
@@ -276,8 +278,8 @@ int wgmma_ctas_per_sm(int k, int rows) {
 template int wgmma_ctas_per_sm<half>(int, int);
 template int wgmma_ctas_per_sm<__nv_bfloat16>(int, int);
 
-// rows: x rows per row tile (16, 32, 64, 128 or 256; the wgmma N). cols: features per row
-// tile, 256 (128 for rows = 256). ctas: grid size, 1..units where units = ceil(N / cols) * ceil(M /
+// rows: x rows per row tile (16, 32, 64, 128, 192 or 256; the wgmma N). cols: features per row
+// tile, 256 (128 for rows = 192 and 256). ctas: grid size, 1..units where units = ceil(N / cols) * ceil(M /
 // rows) * ceil(nb / 2). ws: a zeroed fp32 accumulator of ceil(N / cols) * ceil(M / rows) row tiles of
 // rows x cols floats, counters as many zeroed int32; both are left zero.
 template <typename T>

@@ -91,9 +91,11 @@ MMA_SMALL_LAYER = 12 * 1024 * 1024
 # cuBLAS 346.0), where four 128-row tiles take about what they take at 512. Session 32, with the
 # 256-row tall tile (WGMMA_TALL_ROWS), tall tile / dequantize + cuBLAS: 4096x28672 M=768 301.6 /
 # 322.4, M=1024 403.2 / 391.1; 14336x4096 M=512 109.6 / 118.7, M=768 157.7 / 153.9; 4096x6144 M=384
-# (128-row tiles) 50.3 / 46.1, M=512 56.2 / 54.2.
+# (128-row tiles) 50.3 / 46.1, M=512 56.2 / 54.2. With the 192-row tall tile (WGMMA_TALL192_ROWS):
+# 14336x4096 M=576 122.7 / 137.4, M=640 (128-row tiles) 145.9 / 136.1; 4096x6144 M=320 44.2 / 49.4,
+# M=384 44.4 / 45.8, M=576 61.2 / 61.5; 4096x4096 M=320 32.0 / 29.7.
 WGMMA_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((100 << 20, 17, 768), (40 << 20, 17, 512), (20 << 20, 17, 256), (0, 17, 192)),
+    (9, 0): ((100 << 20, 17, 768), (40 << 20, 17, 576), (20 << 20, 17, 384), (0, 17, 192)),
 }
 # The same on layers of at most MMA_SMALL_LAYER weights (k <= 4): rules (weights above, first row,
 # last row), the first rule the layer is above decides. The wgmma kernel runs one CTA per SM there
@@ -247,44 +249,67 @@ def wgmma_wide_tile_cost(k: int) -> float:
 # M=512 216.3) ~2.45.
 WGMMA_TALL_ROWS = 256
 WGMMA_TALL_TILE_COST: dict[int, float] = {2: 2.7, 3: 2.7, 4: 2.7, 5: 2.45}
+# The 192-row tall tile (m64n192k16, 96 accumulators a thread): M=384 in two tiles. Session 32, µs
+# 64- / 128- / 192- / 256-row tiles: 4096x28672 k=4 M=192 123.3 / 125.7 / 91.3 / 119.6, M=384 224.2 /
+# 174.4 / 164.1 / 228.5, M=576 325.7 / 276.3 / 234.2 / 341.3; 14336x4096 k=4 M=192 67.0 / 66.8 /
+# 48.6 / 57.0, M=384 118.0 / 92.5 / 84.3 / 99.9; k=5 4096x28672 M=384 274.4 / 185.9 / 187.4 / 212.4,
+# M=576 402.8 / 288.4 / 269.3 / 346.1: ~2.2 64-row tiles (k=5 ~2.0).
+WGMMA_TALL192_ROWS = 192
+WGMMA_TALL192_TILE_COST: dict[int, float] = {2: 2.2, 3: 2.2, 4: 2.2, 5: 2.0}
+# Layers above these weights (but at most WGMMA_WIDE_ROWS_ABOVE) take the tall tiles but not the
+# 128-row one. 4096x4096 k=4 (session 32), µs 64- / 128- / 192-row tiles: M=160 28.5 / 28.6 / 21.7,
+# M=192 28.4 / 28.7 / 21.6 (the 128-row tile lost there in session 29).
+WGMMA_TALL_ROWS_ABOVE: dict[tuple[int, int], int] = {
+    (9, 0): MMA_SMALL_LAYER,
+}
 
 
 def wgmma_tile_cols(rows: int) -> int:
-    """Features per row tile of the dense kbit wgmma kernel: two layout tiles, one for the tall tile."""
-    return 128 if rows == WGMMA_TALL_ROWS else 256
+    """Features per row tile of the dense kbit wgmma kernel: two layout tiles, one for the tall tiles."""
+    return 128 if rows >= WGMMA_TALL192_ROWS else 256
 
 
-def wgmma_wide_rows(m: int, tile_cost: float, tall_cost: float | None = None) -> int:
+def wgmma_tall_costs(k: int) -> tuple[tuple[int, float], ...]:
+    """(rows, cost in 64-row tiles) of the dense kbit kernel's tall tiles at k bits."""
+    return tuple((r, c[k]) for r, c in ((WGMMA_TALL192_ROWS, WGMMA_TALL192_TILE_COST),
+                                        (WGMMA_TALL_ROWS, WGMMA_TALL_TILE_COST)) if k in c)
+
+
+def wgmma_wide_rows(m: int, tile_cost: float | None, tall: tuple[tuple[int, float], ...] = ()) -> int:
     """x rows per row tile for m rows of a wgmma kernel that also has WGMMA_WIDE_ROWS-row tiles, each
-    costing tile_cost 64-row tiles (and, given tall_cost, WGMMA_TALL_ROWS-row tiles of that cost):
+    costing tile_cost 64-row tiles (None: not offered), and the tall (rows, cost) tiles:
     wgmma_tile_rows, or past 64 rows the tile whose ceil(m / rows) tiles cost least, the smaller
     tile on a tie."""
     narrow = WGMMA_ROW_TILES[-1]
     if m <= narrow:
         return wgmma_tile_rows(m)
-    options = [(narrow, 1.0), (WGMMA_WIDE_ROWS, tile_cost)]
-    if tall_cost is not None:
-        options.append((WGMMA_TALL_ROWS, tall_cost))
+    wide = [] if tile_cost is None else [(WGMMA_WIDE_ROWS, tile_cost)]
+    options = sorted([(narrow, 1.0), *wide, *tall])
     return min(options, key=lambda o: -(-m // o[0]) * o[1])[0]
 
 
 def wgmma_layer_rows(m: int, capability: tuple[int, int], weights: int, tile_cost: float,
-                     above: dict[tuple[int, int], int], tall_cost: float | None = None) -> int:
+                     above: dict[tuple[int, int], int], tall: tuple[tuple[int, float], ...] = ()) -> int:
     """x rows per row tile of a dense wgmma kernel with wide tiles for m rows of a layer of that many
-    weights: wgmma_wide_rows at tile_cost (and tall_cost) on layers above above[capability] weights,
-    else wgmma_tile_rows (the kbit kernel: wgmma_dense_rows; awq_orin's: awq_ops.wgmma_rows)."""
+    weights: wgmma_wide_rows at tile_cost (and the tall tiles) on layers above above[capability]
+    weights, else wgmma_tile_rows (the kbit kernel: wgmma_dense_rows; awq_orin's: awq_ops.wgmma_rows)."""
     first = above.get(capability)
     if first is None or weights <= first:
         return wgmma_tile_rows(m)
-    return wgmma_wide_rows(m, tile_cost, tall_cost)
+    return wgmma_wide_rows(m, tile_cost, tall)
 
 
 def wgmma_dense_rows(m: int, capability: tuple[int, int], weights: int, k: int) -> int:
     """x rows per row tile of the dense kbit wgmma kernel for m rows of a k-bit layer: wgmma_wide_rows
-    at WGMMA_WIDE_TILE_COST[k] and WGMMA_TALL_TILE_COST[k] on layers above WGMMA_WIDE_ROWS_ABOVE
-    weights, else wgmma_tile_rows."""
+    at WGMMA_WIDE_TILE_COST[k] and the tall tiles' costs (wgmma_tall_costs) on layers above
+    WGMMA_WIDE_ROWS_ABOVE weights, the tall tiles alone above WGMMA_TALL_ROWS_ABOVE, else
+    wgmma_tile_rows."""
+    tall_first = WGMMA_TALL_ROWS_ABOVE.get(capability)
+    wide_first = WGMMA_WIDE_ROWS_ABOVE.get(capability)
+    if tall_first is not None and weights > tall_first and (wide_first is None or weights <= wide_first):
+        return wgmma_wide_rows(m, None, wgmma_tall_costs(k))
     return wgmma_layer_rows(m, capability, weights, wgmma_wide_tile_cost(k), WGMMA_WIDE_ROWS_ABOVE,
-                            WGMMA_TALL_TILE_COST.get(k))
+                            wgmma_tall_costs(k))
 
 
 # The grouped wgmma row tile holds the expected rows per expert plus this many square roots of it:
