@@ -21,7 +21,7 @@
 //   (128 accumulators a thread). A 128-row tile costs ~1.6x a 64-row one at k <= 4 and ~1.4x at
 //   k = 5, whose decode is dearer: the kernel is bound by the latency of each warp's decode chain
 //   at 2 warps a scheduler, not by the tensor cores (43% busy; RESULTS.md, session 29).
-// * The tall tile (R = kWgTallRows = 256): one 128-feature layout tile per row tile, one m64
+// * The tall tiles (R = kWgTallRows = 256, and 192): one 128-feature layout tile per row tile, one m64
 //   tile of 64 features per warpgroup, so warp w of the CTA owns features 16w + 2r + {0, 1} (A rows
 //   r, r + 8; 8-byte plane reads, 2-byte absmax reads, 4-byte stores) and runs m64n256k16 wgmmas:
 //   each decoded weight feeds 256 rows at the same 128 accumulators a thread, so a warp decodes
@@ -31,9 +31,9 @@
 //   tile (m64n192k16, kWgTall192Rows) costs ~2.2 (k = 5 ~2.0) and holds 384 rows in two tiles
 //   (RESULTS.md, session 32).
 // * Stream-K over one wave, unit = (row tile, stage of 2 quantization blocks), row tile = (256
-//   features, or 128 in the tall tile, R x rows), row tiles feature-major; partial row tiles as in kbit_mma.cu: fp32
-//   vector reductions into a zeroed accumulator, a per-tile counter, the last CTA writes y and
-//   leaves both zero. (No deterministic mode: backends/cuda picks kbit_mma.cu there.)
+//   features, 128 in the tall tiles, R x rows), row tiles feature-major; partial row tiles as in
+//   kbit_mma.cu: fp32 vector reductions into a zeroed accumulator, a per-tile counter, the last CTA
+//   writes y and leaves both zero. (No deterministic mode: backends/cuda picks kbit_mma.cu there.)
 // * Loads are asynchronous copies that lane 0 of warps 0..4 issue, one copy each (kw_load_part),
 //   and a per-slot mbarrier counts in bytes: a bulk copy of each layout tile's plane words and of
 //   its absmax bytes (a stage's blocks are contiguous in the tiled layout) and a TMA box of the
