@@ -1,7 +1,7 @@
 """Issue 3 experiment (M >= 256): the dense kbit wgmma kernel at each of its row tiles past 64 rows
-(64, 128 and the 192- and 256-row tall tiles), forced, beside the op, dequantize + cuBLAS and cuBLAS bf16.
+(64, 128 and the tall tiles), forced, beside the op, dequantize + cuBLAS and cuBLAS bf16.
 
-Row tile costs in 64-row tiles (dispatch.WGMMA_WIDE_TILE_COST, WGMMA_TALL_TILE_COST) are read off
+Row tile costs in 64-row tiles (dispatch.WGMMA_WIDE_TILE_COST, WGMMA_TALL_TILES) are read off
 these tables. Timed as bench_kbit.py times (CUDA-graph replay of rotated weight copies, behind a
 writer of x), bf16.
 
@@ -28,7 +28,7 @@ import bench_kbit as bk  # noqa: E402
 
 SHAPES = [("l3_gateup", 4096, 28672), ("l3_down", 14336, 4096), ("l3_qkv", 4096, 6144), ("l3_o", 4096, 4096)]
 MS = [128, 192, 256, 384, 512, 768, 1024]
-ROWS = [64, 128, dispatch.WGMMA_TALL192_ROWS, dispatch.WGMMA_TALL_ROWS]
+ROWS = [64, 128, *sorted(dispatch.WGMMA_TALL_TILES)]
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:

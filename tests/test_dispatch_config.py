@@ -105,22 +105,25 @@ def test_kbit_wgmma_rows() -> None:
 
 def test_kbit_wgmma_dense_rows() -> None:
     """H200: the dense wgmma kernel's row tile is the smallest that holds M up to 64 rows; past it,
-    on layers above 20 M weights, the tile (64, 128 or the 192- and 256-row tall ones) whose
-    ceil(M / rows) tiles cost least (WGMMA_WIDE_TILE_COST, WGMMA_TALL192_TILE_COST,
-    WGMMA_TALL_TILE_COST): 128 rows at M = 65..128 and 577..640, 192 at 129..192, 257..384 and
-    513..576, 256 at 193..256, 385..512 and 641..768 (k = 5 alike); layers of 12-20 M weights
-    (4096x4096) take the tall tiles but not the 128-row one; smaller layers and other GPUs keep 64."""
+    on layers above 20 M weights, the tile (64, 128 or a tall one of 160, 192 or 256 rows) whose
+    ceil(M / rows) tiles cost least (WGMMA_WIDE_TILE_COST, WGMMA_TALL_TILES): 128 rows at M =
+    65..128, 160 at 129..160, 257..320 and 577..640, 192 at 161..192, 321..384 and 513..576, 256
+    at 193..256, 385..512 and 641..768 (k = 5 alike but 128 at 577..640); layers of 12-20 M
+    weights (4096x4096) take the tall tiles but not the 128-row one; smaller layers and other GPUs
+    keep 64."""
     big, o, small = 4096 * 28672, 4096 * 4096, 2048 * 5120
-    ms = (1, 17, 64, 65, 128, 129, 192, 193, 256, 257, 384, 385, 512, 513, 576, 577, 640, 641, 768)
-    want = {1: 16, 17: 32, 64: 64, 65: 128, 128: 128, 129: 192, 192: 192, 193: 256, 256: 256, 257: 192,
-            384: 192, 385: 256, 512: 256, 513: 192, 576: 192, 577: 128, 640: 128, 641: 256, 768: 256}
-    assert {m: dispatch.wgmma_dense_rows(m, (9, 0), big, 4) for m in ms} == want
-    assert {m: dispatch.wgmma_dense_rows(m, (9, 0), big, 5) for m in ms} == want
-    assert [dispatch.wgmma_dense_rows(m, (9, 0), o, 4) for m in (65, 128, 129, 192, 256)] == [64, 64, 192, 192, 256]
+    ms = (1, 17, 64, 65, 128, 129, 160, 161, 192, 193, 256, 257, 320, 321, 384, 385, 512, 513, 576, 577,
+          640, 641, 768)
+    got = {m: dispatch.wgmma_dense_rows(m, (9, 0), big, 4) for m in ms}
+    assert got == {1: 16, 17: 32, 64: 64, 65: 128, 128: 128, 129: 160, 160: 160, 161: 192, 192: 192, 193: 256,
+                   256: 256, 257: 160, 320: 160, 321: 192, 384: 192, 385: 256, 512: 256, 513: 192, 576: 192,
+                   577: 160, 640: 160, 641: 256, 768: 256}
+    assert [dispatch.wgmma_dense_rows(m, (9, 0), big, 5) for m in (65, 129, 161, 257, 321, 513, 577)] == [
+        128, 160, 192, 160, 192, 192, 128]
+    assert [dispatch.wgmma_dense_rows(m, (9, 0), o, 4) for m in (64, 65, 129, 192, 256)] == [64, 160, 160, 192, 256]
     assert [dispatch.wgmma_dense_rows(m, (9, 0), small, k) for m in (65, 192) for k in (4, 5)] == [64] * 4
     assert dispatch.wgmma_dense_rows(128, (8, 0), big, 4) == 64
-    assert dispatch.wgmma_tile_cols(256) == 128 and dispatch.wgmma_tile_cols(192) == 128
-    assert dispatch.wgmma_tile_cols(128) == 256
+    assert [dispatch.wgmma_tile_cols(r) for r in (64, 128, 160, 192, 256)] == [256, 256, 128, 128, 128]
     assert dispatch.wgmma_wide_rows(300, 1.6) == 128  # no tall tile given: the grouped kernels' choice
     assert dispatch.wgmma_wide_rows(300, None, ((192, 2.2),)) == 192
 

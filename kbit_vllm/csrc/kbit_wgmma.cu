@@ -21,15 +21,15 @@
 //   (128 accumulators a thread). A 128-row tile costs ~1.6x a 64-row one at k <= 4 and ~1.4x at
 //   k = 5, whose decode is dearer: the kernel is bound by the latency of each warp's decode chain
 //   at 2 warps a scheduler, not by the tensor cores (43% busy; RESULTS.md, session 29).
-// * The tall tiles (R = kWgTallRows = 256, and 192): one 128-feature layout tile per row tile, one m64
+// * The tall tiles (R = 160, 192, kWgTallRows = 256): one 128-feature layout tile per row tile, one m64
 //   tile of 64 features per warpgroup, so warp w of the CTA owns features 16w + 2r + {0, 1} (A rows
 //   r, r + 8; 8-byte plane reads, 2-byte absmax reads, 4-byte stores) and runs m64n256k16 wgmmas:
 //   each decoded weight feeds 256 rows at the same 128 accumulators a thread, so a warp decodes
 //   half the weights per tensor work of the 128-row tile. Its groups are a block each (2 k16
 //   halves, kw_stage_blocks), not a half: 7% faster. It costs ~2.7 64-row tiles against the 128-row
-//   tile's ~1.55 (k = 5: ~2.45 on its 8-copy table, 4 slots of 37 KB beside it). A 192-row tall
-//   tile (m64n192k16, kWgTall192Rows) costs ~2.2 (k = 5 ~2.0) and holds 384 rows in two tiles
-//   (RESULTS.md, session 32).
+//   tile's ~1.55 (k = 5: ~2.45 on its 8-copy table, 4 slots of 37 KB beside it). The 192- and
+//   160-row tall tiles (m64n192k16, m64n160k16) cost ~2.2 and ~1.95 and hold 384 and 320 rows in two
+//   tiles (RESULTS.md, session 32).
 // * Stream-K over one wave, unit = (row tile, stage of 2 quantization blocks), row tile = (256
 //   features, 128 in the tall tiles, R x rows), row tiles feature-major; partial row tiles as in
 //   kbit_mma.cu: fp32 vector reductions into a zeroed accumulator, a per-tile counter, the last CTA
@@ -238,14 +238,15 @@ const void* wgmma_pick_rows(int rows, int* smem) {
         case 32: return wgmma_kernel_ptr<T, K, 32, C5>(smem);
         case 64: return wgmma_kernel_ptr<T, K, 64, C5>(smem);
         case 128: return wgmma_kernel_ptr<T, K, 128, C5>(smem);
-        case kWgTall192Rows: return wgmma_kernel_ptr<T, K, kWgTall192Rows, K == 5 ? 8 : C5>(smem);
+        case 160: return wgmma_kernel_ptr<T, K, 160, K == 5 ? 8 : C5>(smem);
+        case 192: return wgmma_kernel_ptr<T, K, 192, K == 5 ? 8 : C5>(smem);
         case kWgTallRows: return wgmma_kernel_ptr<T, K, kWgTallRows, K == 5 ? 8 : C5>(smem);
         default: return nullptr;
     }
 }
 
-// The kernel for k bits and `rows` x rows per row tile (16, 32, 64, 128, 192 or 256); nullptr for
-// others. k = 5 runs the 32-copy table at one CTA per SM (header), but the tall tiles the 8-copy one.
+// The kernel for k bits and `rows` x rows per row tile (16, 32, 64, 128, 160, 192 or 256); nullptr
+// for others. k = 5 runs the 32-copy table at one CTA per SM (header), but the tall tiles the 8-copy one.
 template <typename T>
 const void* wgmma_pick(int k, int rows, int* smem) {
     switch (k) {
@@ -262,8 +263,8 @@ const void* wgmma_pick(int k, int rows, int* smem) {
 using ptx::wgmma_device_ok;
 
 // Resident CTAs per SM of the wgmma kernel for k bits and `rows` x rows per row tile, for sizing a
-// one-wave grid; 0 on error, for k outside 2..5, rows other than 16, 32, 64, 128, 192 and 256, or
-// where !wgmma_device_ok().
+// one-wave grid; 0 on error, for k outside 2..5, rows other than 16, 32, 64, 128, 160, 192 and 256,
+// or where !wgmma_device_ok().
 template <typename T>
 int wgmma_ctas_per_sm(int k, int rows) {
     int smem = 0;
@@ -278,8 +279,8 @@ int wgmma_ctas_per_sm(int k, int rows) {
 template int wgmma_ctas_per_sm<half>(int, int);
 template int wgmma_ctas_per_sm<__nv_bfloat16>(int, int);
 
-// rows: x rows per row tile (16, 32, 64, 128, 192 or 256; the wgmma N). cols: features per row
-// tile, 256 (128 for rows = 192 and 256). ctas: grid size, 1..units where units = ceil(N / cols) * ceil(M /
+// rows: x rows per row tile (16, 32, 64, 128, 160, 192 or 256; the wgmma N). cols: features per row
+// tile, 256 (128 for the tall tiles, rows > 128). ctas: grid size, 1..units where units = ceil(N / cols) * ceil(M /
 // rows) * ceil(nb / 2). ws: a zeroed fp32 accumulator of ceil(N / cols) * ceil(M / rows) row tiles of
 // rows x cols floats, counters as many zeroed int32; both are left zero.
 template <typename T>

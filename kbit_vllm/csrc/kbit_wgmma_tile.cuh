@@ -13,14 +13,13 @@ constexpr int kWgThreads = 256;        // 2 warpgroups
 constexpr int kWgBK = 2;               // quantization blocks per stage
 constexpr int kWgTW = 2;               // layout tiles per row tile (one per warpgroup) up to 128 rows
 constexpr int kWgCols = kTileN * kWgTW;  // features per row tile up to 128 rows
-// The tall tiles (dense kernel only): 256 (or 192) x rows, one m64 tile of 64 features per
+// The tall tiles (dense kernel only): 160, 192 or 256 x rows, one m64 tile of 64 features per
 // warpgroup, so one 128-feature layout tile per row tile and 16 features a warp (2 a lane). Their
 // m64n256k16 wgmmas give each decoded weight twice the rows of the 128-row tile at the same 128
-// accumulators a thread; the 192-row one fits 384 rows in two tiles.
+// accumulators a thread; the 160- and 192-row ones fit 320 and 384 rows in two tiles.
 constexpr int kWgTallRows = 256;
-constexpr int kWgTall192Rows = 192;
-// m64 tiles per warpgroup (= layout tiles per row tile) of an R-row tile.
-__host__ __device__ constexpr int kw_mt(int R) { return R >= kWgTall192Rows ? 1 : 2; }
+// m64 tiles per warpgroup (= layout tiles per row tile) of an R-row tile: past 128 rows, the tall tiles.
+__host__ __device__ constexpr int kw_mt(int R) { return R > 128 ? 1 : 2; }
 constexpr int kWgLutWords = 256 * 32;  // compact pair table: one 128-byte row per pair code
 static_assert(kLut5Words == kWgLutWords, "the k = 5 table (kbit_lut5.cuh) fills the k <= 4 table's words");
 // Shared memory two CTAs per SM may each take on sm_90 (228 KB per SM, 1 KB of it reserved per CTA).

@@ -130,7 +130,7 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t addr) {
 
 // d (64 x N, fp32) = A (64 x 16 from registers: each warp's 16 rows as an mma.m16n8k16 A
 // fragment) x B (16 x N, K-major in shared memory: desc) + (scale_d ? d : 0), N = 16, 32, 64, 128,
-// 192 or 256 (the x rows of the callers' row tiles; d holds N / 2 floats a thread).
+// 160, 192 or 256 (the x rows of the callers' row tiles; d holds N / 2 floats a thread).
 // T = half or __nv_bfloat16. Asynchronous: read d only after wgmma_wait.
 // One asm string per (N, type): the accumulator list is spelled out per N, the rest by the macros.
 #define KBIT_WGMMA_STR(SHAPE, TY, DLIST, A0, A1, A2, A3, DESC, SC)                                          \
@@ -150,8 +150,8 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t addr) {
 
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc, int scale_d) {
-    static_assert(N == 16 || N == 32 || N == 64 || N == 128 || N == 192 || N == 256,
-                  "wgmma N: 16, 32, 64, 128, 192 or 256");
+    static_assert(N == 16 || N == 32 || N == 64 || N == 128 || N == 160 || N == 192 || N == 256,
+                  "wgmma N: 16, 32, 64, 128, 160, 192 or 256");
 #if defined(KBIT_WGMMA)
     if constexpr (N == 16) {
         KBIT_WGMMA_ASM("m64n16k16", "%0, %1, %2, %3, %4, %5, %6, %7", 8, 9, 10, 11, 12, 13,
@@ -185,6 +185,23 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], const uint32_t (
                        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
                        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
                        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]))
+    } else if constexpr (N == 160) {
+        KBIT_WGMMA_ASM("m64n160k16", "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                       "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+                       "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79",
+                       80, 81, 82, 83, 84, 85,
+                       "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                       "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                       "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                       "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                       "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                       "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                       "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+                       "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+                       "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]))
     } else if constexpr (N == 192) {
         KBIT_WGMMA_ASM("m64n192k16", "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
                        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "

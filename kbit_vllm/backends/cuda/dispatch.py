@@ -91,7 +91,7 @@ MMA_SMALL_LAYER = 12 * 1024 * 1024
 # cuBLAS 346.0), where four 128-row tiles take about what they take at 512. Session 32, with the
 # 256-row tall tile (WGMMA_TALL_ROWS), tall tile / dequantize + cuBLAS: 4096x28672 M=768 301.6 /
 # 322.4, M=1024 403.2 / 391.1; 14336x4096 M=512 109.6 / 118.7, M=768 157.7 / 153.9; 4096x6144 M=384
-# (128-row tiles) 50.3 / 46.1, M=512 56.2 / 54.2. With the 192-row tall tile (WGMMA_TALL192_ROWS):
+# (128-row tiles) 50.3 / 46.1, M=512 56.2 / 54.2. With the 192-row tall tile (WGMMA_TALL_TILES):
 # 14336x4096 M=576 122.7 / 137.4, M=640 (128-row tiles) 145.9 / 136.1; 4096x6144 M=320 44.2 / 49.4,
 # M=384 44.4 / 45.8, M=576 61.2 / 61.5; 4096x4096 M=320 32.0 / 29.7.
 WGMMA_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
@@ -232,10 +232,11 @@ def wgmma_wide_tile_cost(k: int) -> float:
     return WGMMA_WIDE_TILE_COST.get(k, 2.0)
 
 
-# The dense kbit kernel's tall tile: 256 x rows of one 128-feature layout tile, one m64 tile
-# of 64 features per warpgroup, so each decoded weight feeds 256 rows (csrc/kbit_wgmma.cu). A tall
-# tile costs WGMMA_TALL_TILE_COST[k] 64-row tiles (k = 5 on its 8-copy table: its 32-copy one leaves
-# no room for the slots). H200 2026-11-28 session 32, bf16 behind a writer of x, k=4 µs 64- / 128- / 256-row tiles
+# The dense kbit kernel's tall tiles: 160, 192 or 256 x rows of one 128-feature layout tile, one m64
+# tile of 64 features per warpgroup, so each decoded weight feeds that many rows (csrc/kbit_wgmma.cu).
+# A tall tile costs WGMMA_TALL_TILES[rows][k] 64-row tiles (k = 5 on its 8-copy table: its 32-copy
+# one leaves no room for the slots). H200 2026-11-28 session 32, bf16 behind a writer of x, k=4 µs
+# 64- / 128- / 256-row tiles
 # (`benchmarks/exp_wgmma_rows.py`): 4096x28672 M=192 124.0 / 127.5 / 119.5, M=256 159.5 / 128.7 /
 # 116.3, M=384 228.3 / 178.0 / 235.6, M=512 298.1 / 231.7 / 210.5, M=768 428.6 / 331.3 / 301.6;
 # 14336x4096 M=192 68.5 / 68.4 / 61.8, M=256 85.2 / 68.5 / 61.9, M=512 154.9 / 121.8 / 109.6;
@@ -243,19 +244,26 @@ def wgmma_wide_tile_cost(k: int) -> float:
 # 168.6. So a tall tile costs ~2.85 64-row ones, a 128-row one ~1.55. k=5: 4096x28672 M=192 145.3 /
 # 132.1 / 122.0, M=256 189.6 / 133.7 / 122.0, M=384 275.9 / 185.9 / 236.6, M=512 363.6 / 239.5 /
 # 219.9; 14336x4096 M=256 99.6 / 69.6 / 64.5, M=512 182.1 / 122.7 / 114.0: the tall tile ~2.45.
-# With one commit group a block (kw_stage_tall), k=4: 4096x28672 M=256 157.5 / 126.9 / 109.9, M=512
+# With one commit group a block (kw_stage_blocks), k=4: 4096x28672 M=256 157.5 / 126.9 / 109.9, M=512
 # 296.0 / 228.4 / 197.8, M=768 424.2 / 325.8 / 284.2; 14336x4096 M=256 85.4 / 67.5 / 58.8, M=512
 # 153.1 / 119.9 / 104.1, M=768 219.6 / 170.6 / 148.1 (k=2 alike): ~2.7; k=5 (4096x28672 M=256 119.1,
 # M=512 216.3) ~2.45.
-WGMMA_TALL_ROWS = 256
-WGMMA_TALL_TILE_COST: dict[int, float] = {2: 2.7, 3: 2.7, 4: 2.7, 5: 2.45}
 # The 192-row tall tile (m64n192k16, 96 accumulators a thread): M=384 in two tiles. Session 32, µs
 # 64- / 128- / 192- / 256-row tiles: 4096x28672 k=4 M=192 123.3 / 125.7 / 91.3 / 119.6, M=384 224.2 /
 # 174.4 / 164.1 / 228.5, M=576 325.7 / 276.3 / 234.2 / 341.3; 14336x4096 k=4 M=192 67.0 / 66.8 /
 # 48.6 / 57.0, M=384 118.0 / 92.5 / 84.3 / 99.9; k=5 4096x28672 M=384 274.4 / 185.9 / 187.4 / 212.4,
-# M=576 402.8 / 288.4 / 269.3 / 346.1: ~2.2 64-row tiles (k=5 ~2.0).
-WGMMA_TALL192_ROWS = 192
-WGMMA_TALL192_TILE_COST: dict[int, float] = {2: 2.2, 3: 2.2, 4: 2.2, 5: 2.0}
+# M=576 402.8 / 288.4 / 269.3 / 346.1: ~2.2 64-row tiles (k=5 ~2.0). The 160-row one (m64n160k16)
+# holds M=320 in two tiles: 64- / 128- / 160- / 192-row tiles, 4096x28672 k=4 M=320 191.4 / 174.0 /
+# 151.8 / 161.6, M=640 356.9 / 275.1 / 282.1 / 297.7; 14336x4096 k=4 M=320 103.6 / 92.6 / 80.0 / 85.1;
+# k=5 4096x28672 M=320 231.8 / 182.6 / 174.4 / 185.2; 4096x4096 k=4 M=128 21.9 / 22.1 / 19.7 / 21.8:
+# ~1.95 (k=5 ~1.9).
+# x rows of the dense kbit kernel's tall tiles -> {k: cost in 64-row tiles}.
+WGMMA_TALL_TILES: dict[int, dict[int, float]] = {
+    160: {2: 1.95, 3: 1.95, 4: 1.95, 5: 1.9},
+    192: {2: 2.2, 3: 2.2, 4: 2.2, 5: 2.0},
+    256: {2: 2.7, 3: 2.7, 4: 2.7, 5: 2.45},
+}
+WGMMA_TALL_ROWS = max(WGMMA_TALL_TILES)
 # Layers above these weights (but at most WGMMA_WIDE_ROWS_ABOVE) take the tall tiles but not the
 # 128-row one. 4096x4096 k=4 (session 32), µs 64- / 128- / 192-row tiles: M=160 28.5 / 28.6 / 21.7,
 # M=192 28.4 / 28.7 / 21.6 (the 128-row tile lost there in session 29).
@@ -266,13 +274,12 @@ WGMMA_TALL_ROWS_ABOVE: dict[tuple[int, int], int] = {
 
 def wgmma_tile_cols(rows: int) -> int:
     """Features per row tile of the dense kbit wgmma kernel: two layout tiles, one for the tall tiles."""
-    return 128 if rows >= WGMMA_TALL192_ROWS else 256
+    return 128 if rows in WGMMA_TALL_TILES else 256
 
 
 def wgmma_tall_costs(k: int) -> tuple[tuple[int, float], ...]:
     """(rows, cost in 64-row tiles) of the dense kbit kernel's tall tiles at k bits."""
-    return tuple((r, c[k]) for r, c in ((WGMMA_TALL192_ROWS, WGMMA_TALL192_TILE_COST),
-                                        (WGMMA_TALL_ROWS, WGMMA_TALL_TILE_COST)) if k in c)
+    return tuple((r, c[k]) for r, c in sorted(WGMMA_TALL_TILES.items()) if k in c)
 
 
 def wgmma_wide_rows(m: int, tile_cost: float | None, tall: tuple[tuple[int, float], ...] = ()) -> int:
