@@ -273,8 +273,9 @@ WGMMA_TALL_ROWS_ABOVE: dict[tuple[int, int], int] = {
 
 
 def wgmma_tile_cols(rows: int) -> int:
-    """Features per row tile of the dense kbit wgmma kernel: two layout tiles, one for the tall tiles."""
-    return 128 if rows in WGMMA_TALL_TILES else 256
+    """Features per row tile of the dense kbit wgmma kernel: two layout tiles, one for the tall tiles
+    (past WGMMA_WIDE_ROWS rows, as csrc/kbit_wgmma_tile.cuh's kw_mt)."""
+    return 128 if rows > WGMMA_WIDE_ROWS else 256
 
 
 def wgmma_tall_costs(k: int) -> tuple[tuple[int, float], ...]:

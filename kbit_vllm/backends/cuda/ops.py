@@ -190,8 +190,8 @@ def wgmma_ok(dev: torch.device | str, k: int) -> bool:
 
 def wgmma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int) -> tuple[int, int, int]:
     """(rows, ctas, row_tiles) of the stream-K wgmma kernel: the row tile height
-    (dispatch.wgmma_dense_rows), one wave (resident CTAs per SM x SMs: one for k = 5 and for the
-    128- and 256-row tiles, two for k <= 4 but one on the small layers of dispatch.WGMMA_ONE_CTA; a
+    (dispatch.wgmma_dense_rows), one wave (resident CTAs per SM x SMs: one for k = 5, the 128-row
+    tile and the tall tiles, two for k <= 4 but one on the small layers of dispatch.WGMMA_ONE_CTA; a
     little smaller where that splits the row tiles evenly, dispatch.wgmma_even_grid), never more than
     the (row tile, stage) units; a row tile is dispatch.wgmma_tile_cols(rows) features x rows rows of
     x."""
