@@ -40,19 +40,20 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
                          int rows, int N, int nb, int st_per_split) {
 #if defined(KBIT_WGMMA)
     using S = WgCfg<K, R, C5>;
+    constexpr int TW = S::kTW;  // layout tiles per row tile
     moe::Item item;
     if (!moe::find_item(offs, n_exp, rows, R, static_cast<int>(blockIdx.y), item)) return;  // CTA-uniform
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const int tid = threadIdx.x, g = tid & 3;
     const int n_tiles = (N + kTileN - 1) / kTileN;
     const int t = blockIdx.x;  // row tile: layout tiles 2t, 2t + 1
-    const int tiles = min(kWgTW, n_tiles - t * kWgTW);
+    const int tiles = min(TW, n_tiles - t * TW);
     const int nst_all = (nb + kWgBK - 1) / kWgBK;
     const int st0 = static_cast<int>(blockIdx.z) * st_per_split;
     const int n = min(nst_all, st0 + st_per_split) - st0;  // stages of this split
     const int xrow0 = item.row0 + item.sub * R;
     // Blocks before this row tile's first layout tile of this expert.
-    const size_t blk0 = (static_cast<size_t>(item.expert) * n_tiles + static_cast<size_t>(t) * kWgTW) * nb;
+    const size_t blk0 = (static_cast<size_t>(item.expert) * n_tiles + static_cast<size_t>(t) * TW) * nb;
     // The table, then the slots on 1024-byte boundaries (the swizzle atom of the x boxes).
     const uint32_t raw_s = ptx::smem_u32(smem_raw);
     const uint32_t smem_s = (raw_s + 1023u) & ~1023u;
@@ -74,7 +75,7 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
         for (int i = 0; i < S::kSlots; ++i) ptx::mbar_init(bars + i * 8, 1);
         ptx::mbar_init_fence();
         for (int s = 0; s < S::kAhead && s < n; ++s)
-            for (int part = 0; part < kWgLoadParts; ++part) load_part(s, part);
+            for (int part = 0; part < S::kLoadParts; ++part) load_part(s, part);
     }
     kw_build_tables<K, T, C5>(tbl, codebook, tid);
     __syncthreads();
@@ -90,7 +91,7 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
         const int slot = s % S::kSlots;
         ptx::mbar_wait(bars + slot * 8, static_cast<uint32_t>(s / S::kSlots) & 1u);  // stage s landed
         __syncthreads();  // every warp decoded stage s - 1 and its wgmmas of s - 2 are done
-        if (s + S::kAhead < n && (tid & 31) == 0 && (tid >> 5) < kWgLoadParts)  // one part per warp
+        if (s + S::kAhead < n && (tid & 31) == 0 && (tid >> 5) < S::kLoadParts)  // one part per warp
             load_part(s + S::kAhead, tid >> 5);
         kw_stage<T, K, R, C5>(stages + slot * S::kSlotBytes, slots_s + static_cast<uint32_t>(slot * S::kSlotBytes),
                               tbl, L, acc, a);
@@ -100,7 +101,7 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
 
     // acc[i][4j + h]: feature f0 + 2i, x row 8j + 2g + h of the tile; acc[i][4j + 2 + h]: feature
     // f0 + 2i + 1, the same row.
-    const int f0 = (t * kWgTW + L.tw) * kTileN + L.c0;
+    const int f0 = (t * TW + L.tw) * kTileN + L.c0;
     if (f0 >= N) return;
     const bool vec = N % 4 == 0;  // f0 is a multiple of 4: all four features in range
     float* part = partial != nullptr ? partial + static_cast<size_t>(blockIdx.z) * rows * N : nullptr;
@@ -145,7 +146,7 @@ int launch_rows(const CUtensorMap& tmx, const uint32_t* pt, const uint8_t* at, c
     const cudaError_t attr = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytes);
     if (attr != cudaSuccess) return static_cast<int>(attr);
     const int n_tiles = (N + kTileN - 1) / kTileN;
-    const dim3 grid(static_cast<unsigned>((n_tiles + kWgTW - 1) / kWgTW), static_cast<unsigned>(items),
+    const dim3 grid(static_cast<unsigned>((n_tiles + S::kTW - 1) / S::kTW), static_cast<unsigned>(items),
                     static_cast<unsigned>(splits));
     grouped_wgmma_kernel<T, K, R, C5><<<grid, kWgThreads, S::kBytes, stream>>>(
         tmx, pt, at, cb, offs, y, partial, n_exp, rows, N, nb, per_split);

@@ -11,8 +11,6 @@ namespace kbit {
 
 constexpr int kWgThreads = 256;        // 2 warpgroups
 constexpr int kWgBK = 2;               // quantization blocks per stage
-constexpr int kWgTW = 2;               // layout tiles per row tile (one per warpgroup) up to 128 rows
-constexpr int kWgCols = kTileN * kWgTW;  // features per row tile up to 128 rows
 // The tall tiles (dense kernel only): 160, 192 or 256 x rows, one m64 tile of 64 features per
 // warpgroup, so one 128-feature layout tile per row tile and 16 features a warp (2 a lane). Their
 // m64n256k16 wgmmas give each decoded weight twice the rows of the 128-row tile at the same 128
@@ -186,16 +184,15 @@ __device__ __forceinline__ void kw_scale(const uint32_t (&w)[MT][4], const uint3
 }
 
 #if defined(KBIT_WGMMA)
-// Stage loads are split into kWgLoadParts copies (S::kLoadParts) so that lanes of different warps issue them (lane
-// 0 of warp `part`): each bulk copy takes ~20 issue slots of address and uniform-register work, and
-// one warp issuing all of them every stage held every other warp at the next block barrier (ncu,
+// Stage loads are split into S::kLoadParts copies (WgCfg) so that lanes of different warps issue
+// them (lane 0 of warp `part`): each bulk copy takes ~20 issue slots of address and uniform-register
+// work, and one warp issuing all of them every stage held every other warp at the next block barrier (ncu,
 // RESULTS.md session 27). Part 0 expects the stage's bytes on bar and loads its x box (rows xrow..
 // of tm_x, inputs xcol..); part 1 + 2 tw copies the plane words of layout tile tw, part 2 + 2 tw its
 // absmax bytes. `tiles` layout tiles (1 or 2) whose first tile's stage starts at packed / absmax,
 // later tiles nb blocks further; jn blocks (1 or 2). A layout tile or block not copied keeps stale
 // finite words that meet zero x or feed outputs never stored. A copy may land before part 0's
 // expectation: the mbarrier's transaction count goes negative and its phase waits for the arrival.
-constexpr int kWgLoadParts = 1 + 2 * kWgTW;
 
 template <int K, int R>
 __device__ __forceinline__ void kw_load_part(int part, uint32_t base, uint32_t bar, const CUtensorMap* tm_x,

@@ -89,7 +89,7 @@ MMA_SMALL_LAYER = 12 * 1024 * 1024
 # 38.4 / 40.1, M=384 50.9 / 46.7; 4096x4096 (64-row tiles) M=192 28.8 / 30.7, M=256 30.3 / 28.2. At
 # M=448 cuBLAS picks a slow kernel for 4096x28672 (269.3 µs against 158.8 at M=512; dequantize +
 # cuBLAS 346.0), where four 128-row tiles take about what they take at 512. Session 32, with the
-# 256-row tall tile (WGMMA_TALL_ROWS), tall tile / dequantize + cuBLAS: 4096x28672 M=768 301.6 /
+# 256-row tall tile (WGMMA_TALL_TILES), tall tile / dequantize + cuBLAS: 4096x28672 M=768 301.6 /
 # 322.4, M=1024 403.2 / 391.1; 14336x4096 M=512 109.6 / 118.7, M=768 157.7 / 153.9; 4096x6144 M=384
 # (128-row tiles) 50.3 / 46.1, M=512 56.2 / 54.2. With the 192-row tall tile (WGMMA_TALL_TILES):
 # 14336x4096 M=576 122.7 / 137.4, M=640 (128-row tiles) 145.9 / 136.1; 4096x6144 M=320 44.2 / 49.4,
@@ -129,7 +129,7 @@ WGMMA_SMALL_ROWS: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
 # wgmma / dequantize + cuBLAS: 4096x28672 M=256 140.8 / 176.2, M=384 193.3 / 208.6, M=512 251.1 /
 # 239.6; 14336x4096 M=256 73.8 / 94.3, M=384 105.8 / 114.6, M=512 131.9 / 122.1; 4096x6144 M=256
 # 39.6 / 42.3, M=384 52.3 / 49.7; 4096x4096 M=192 29.9 / 32.3, M=256 31.3 / 29.5; 4096x28672 M=448
-# dequantize + cuBLAS 351.2 (WGMMA_RULES). Session 32, with the tall tile (WGMMA_TALL_ROWS), tall
+# dequantize + cuBLAS 351.2 (WGMMA_RULES). Session 32, with the tall tile (WGMMA_TALL_TILES), tall
 # tile / dequantize + cuBLAS: 4096x28672 M=512 219.9 / 236.2, M=768 315.7 / 324.8; 14336x4096
 # M=512 114.0 / 121.0, M=768 164.9 / 156.2; 4096x6144 M=384 (128-row tiles) 50.1 / 47.8.
 WGMMA_RULES_K5: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
@@ -263,7 +263,6 @@ WGMMA_TALL_TILES: dict[int, dict[int, float]] = {
     192: {2: 2.2, 3: 2.2, 4: 2.2, 5: 2.0},
     256: {2: 2.7, 3: 2.7, 4: 2.7, 5: 2.45},
 }
-WGMMA_TALL_ROWS = max(WGMMA_TALL_TILES)
 # Layers above these weights (but at most WGMMA_WIDE_ROWS_ABOVE) take the tall tiles but not the
 # 128-row one. 4096x4096 k=4 (session 32), µs 64- / 128- / 192-row tiles: M=160 28.5 / 28.6 / 21.7,
 # M=192 28.4 / 28.7 / 21.6 (the 128-row tile lost there in session 29).
@@ -297,14 +296,15 @@ def wgmma_wide_rows(m: int, tile_cost: float | None, tall: tuple[tuple[int, floa
 
 
 def wgmma_layer_rows(m: int, capability: tuple[int, int], weights: int, tile_cost: float,
-                     above: dict[tuple[int, int], int], tall: tuple[tuple[int, float], ...] = ()) -> int:
+                     above: dict[tuple[int, int], int]) -> int:
     """x rows per row tile of a dense wgmma kernel with wide tiles for m rows of a layer of that many
-    weights: wgmma_wide_rows at tile_cost (and the tall tiles) on layers above above[capability]
-    weights, else wgmma_tile_rows (the kbit kernel: wgmma_dense_rows; awq_orin's: awq_ops.wgmma_rows)."""
+    weights: wgmma_wide_rows at tile_cost on layers above above[capability] weights, else
+    wgmma_tile_rows (awq_orin's kernel: awq_ops.wgmma_rows; the kbit one, with its tall tiles:
+    wgmma_dense_rows)."""
     first = above.get(capability)
     if first is None or weights <= first:
         return wgmma_tile_rows(m)
-    return wgmma_wide_rows(m, tile_cost, tall)
+    return wgmma_wide_rows(m, tile_cost)
 
 
 def wgmma_dense_rows(m: int, capability: tuple[int, int], weights: int, k: int) -> int:
@@ -312,12 +312,13 @@ def wgmma_dense_rows(m: int, capability: tuple[int, int], weights: int, k: int) 
     at WGMMA_WIDE_TILE_COST[k] and the tall tiles' costs (wgmma_tall_costs) on layers above
     WGMMA_WIDE_ROWS_ABOVE weights, the tall tiles alone above WGMMA_TALL_ROWS_ABOVE, else
     wgmma_tile_rows."""
-    tall_first = WGMMA_TALL_ROWS_ABOVE.get(capability)
     wide_first = WGMMA_WIDE_ROWS_ABOVE.get(capability)
-    if tall_first is not None and weights > tall_first and (wide_first is None or weights <= wide_first):
+    if wide_first is not None and weights > wide_first:
+        return wgmma_wide_rows(m, wgmma_wide_tile_cost(k), wgmma_tall_costs(k))
+    tall_first = WGMMA_TALL_ROWS_ABOVE.get(capability)
+    if tall_first is not None and weights > tall_first:
         return wgmma_wide_rows(m, None, wgmma_tall_costs(k))
-    return wgmma_layer_rows(m, capability, weights, wgmma_wide_tile_cost(k), WGMMA_WIDE_ROWS_ABOVE,
-                            wgmma_tall_costs(k))
+    return wgmma_tile_rows(m)
 
 
 # The grouped wgmma row tile holds the expected rows per expert plus this many square roots of it:
