@@ -40,7 +40,7 @@ def forced_rows(rows: int):
     return lambda m, capability, weights, k: rows
 
 
-def run_shape(name: str, in_f: int, out_f: int, k: int, ms: list[int]) -> list[dict]:
+def run_shape(name: str, in_f: int, out_f: int, k: int, ms: list[int], rows_list: list[int]) -> list[dict]:
     out = []
     w = torch.randn(out_f, in_f, device="cuda", dtype=torch.bfloat16) * 0.05
     cb = normal_float_codebook(k).cuda()
@@ -57,7 +57,7 @@ def run_shape(name: str, in_f: int, out_f: int, k: int, ms: list[int]) -> list[d
         r["op"] = bk.timed([(lambda c=c, x=x: ops.kbit_linear(x, c[0], c[1], cb, None, k, out_f)) for c in copies], x)
         r["dequant"] = bk.timed([(lambda c=c, x=x: cuda_ops.linear_path(x, c[0], c[1], cb, None, k, out_f, "dequant"))
                                  for c in copies], x)
-        for rows in ROWS:
+        for rows in rows_list:
             dispatch.wgmma_dense_rows = forced_rows(rows)
             try:
                 r[f"r{rows}"] = bk.timed([(lambda c=c, x=x: cuda_ops.linear_path(x, c[0], c[1], cb, None, k, out_f,
@@ -78,6 +78,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--k", type=int, nargs="+", default=[4])
     ap.add_argument("--m", type=int, nargs="+", default=MS)
+    ap.add_argument("--rows", type=int, nargs="+", default=ROWS, help="row tiles to force")
+    ap.add_argument("--shapes", nargs="+", default=[s[0] for s in SHAPES])
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     bk.BEHIND_WRITER = True
@@ -85,8 +87,10 @@ def main() -> None:
     print("# µs per call, bf16, behind a writer; r{rows}: the wgmma kernel forced to that row tile")
     out = []
     for name, in_f, out_f in SHAPES:
+        if name not in args.shapes:
+            continue
         for k in args.k:
-            out += run_shape(name, in_f, out_f, k, args.m)
+            out += run_shape(name, in_f, out_f, k, args.m, args.rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

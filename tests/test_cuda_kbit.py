@@ -207,16 +207,17 @@ def test_wgmma_wide_rows(k, dtype, in_f, out_f, monkeypatch):
 @pytest.mark.parametrize("k", (2, 3, 4, 5))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("in_f,out_f", ((4096, 2053), (1312, 777)))
-@pytest.mark.parametrize("tall", (160, 192, 256))
+@pytest.mark.parametrize("tall", (160, 192, 256, 320, 384))
 def test_wgmma_tall_rows(k, dtype, in_f, out_f, tall, monkeypatch):
-    """The wgmma kernel's tall tiles (160, 192, 256 rows; one layout tile, one m64 tile a warpgroup),
-    forced onto layers below their size rule: one and several x row tiles, a last one nearly empty
-    (M = 257, 513) or full, odd N (a last layout tile of 5 or 9 features), with and without bias,
-    against float64 on outputs poisoned with NaN first."""
+    """The wgmma kernel's tall tiles (160, 192, 256 rows; one layout tile, one m64 tile a warpgroup;
+    320 and 384 rows, two wgmmas and two x boxes a k16 step), forced onto layers below their size
+    rule: one and several x row tiles, a last one nearly empty (M = 257, 513), full, or with its
+    second x box wholly past M (M = 700 at 320 rows), odd N (a last layout tile of 5 or 9
+    features), with and without bias, against float64 on outputs poisoned with NaN first."""
     dev = torch.device(DEV)
     if not cuda_ops.wgmma_ok(dev, k):
         pytest.skip("wgmma needs compute capability 9.0 and an sm_90a library")
-    assert tuple(dispatch.WGMMA_TALL_TILES) == (160, 192, 256)  # every tall tile has its case here
+    assert tuple(dispatch.WGMMA_TALL_TILES) == (160, 192, 256, 320, 384)  # every tall tile has its case here
     monkeypatch.setitem(dispatch.WGMMA_WIDE_ROWS_ABOVE, (9, 0), 0)
     for rows in dispatch.WGMMA_TALL_TILES:
         monkeypatch.setitem(dispatch.WGMMA_TALL_TILES, rows, {k: 0.5 if rows == tall else 99.0})
@@ -224,7 +225,7 @@ def test_wgmma_tall_rows(k, dtype, in_f, out_f, tall, monkeypatch):
     pt, at = ops.kbit_repack(packed, absmax, k)
     w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64)
     bias = torch.randn(out_f, device=DEV, dtype=dtype)
-    for m in (65, 161, 193, 200, 256, 257, 513):
+    for m in (65, 161, 193, 200, 256, 257, 330, 513, 700):
         rows, ctas, _ = cuda_ops.wgmma_config(dev, SUFFIX[dtype], k, m, out_f, in_f // 32)
         assert rows == tall and ctas <= cuda_ops._sms(dev)  # one CTA per SM
         x = torch.randn(m, in_f, device=DEV, dtype=dtype)
@@ -513,9 +514,11 @@ def test_wgmma_wide_graph_replay(m, dtype, monkeypatch):
 
 @pytest.mark.parametrize("m", (200, 600))
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_wgmma_tall_graph_replay(m, dtype, monkeypatch):
-    """The wgmma kernel's 256-row tall tile (forced onto the small layer) under CUDA-graph replays."""
+@pytest.mark.parametrize("tall", (256, 384))
+def test_wgmma_tall_graph_replay(m, dtype, tall, monkeypatch):
+    """The wgmma kernel's 256- and 384-row tall tiles (forced onto the small layer) under CUDA-graph
+    replays."""
     monkeypatch.setitem(dispatch.WGMMA_WIDE_ROWS_ABOVE, (9, 0), 0)
     for rows in dispatch.WGMMA_TALL_TILES:
-        monkeypatch.setitem(dispatch.WGMMA_TALL_TILES, rows, {4: 0.5 if rows == 256 else 99.0})
+        monkeypatch.setitem(dispatch.WGMMA_TALL_TILES, rows, {4: 0.5 if rows == tall else 99.0})
     _forced_path_graph_replay("wgmma", m, dtype)

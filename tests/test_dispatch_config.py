@@ -81,13 +81,13 @@ def test_kbit_tensor_core_gemv_rows() -> None:
 
 
 def test_kbit_wgmma_rows() -> None:
-    """H200: the wgmma kernel takes WGMMA_RULES' rows on layers above MMA_SMALL_LAYER (M = 17..768
-    above 100 M weights, 17..576 above 40 M, 17..384 above 20 M, 17..192 below) and WGMMA_SMALL_ROWS (M = 17..64, 17..32
+    """H200: the wgmma kernel takes WGMMA_RULES' rows on layers above MMA_SMALL_LAYER (M = 17..960
+    above 40 M weights, 17..384 above 20 M, 17..192 below) and WGMMA_SMALL_ROWS (M = 17..64, 17..32
     up to 2 M weights) on smaller ones, where it can run (ops.wgmma_ok, not deterministic mode);
     elsewhere the MMA / dequantize + cuBLAS rules stand."""
     big, down, qkv, o = 4096 * 28672, 14336 * 4096, 4096 * 6144, 4096 * 4096
     small, tiny = 2048 * 2048, 2048 * 512
-    for w, last in ((big, 768), (down, 576), (qkv, 384), (o, 192)):
+    for w, last in ((big, 960), (down, 960), (qkv, 384), (o, 192)):
         assert dispatch.choose_path(17, (9, 0), w, 4, wgmma=True) == "wgmma"
         assert dispatch.choose_path(last, (9, 0), w, 2, wgmma=True) == "wgmma"
         assert dispatch.choose_path(16, (9, 0), w, 4, wgmma=True) == "mma"
@@ -105,32 +105,32 @@ def test_kbit_wgmma_rows() -> None:
 
 def test_kbit_wgmma_dense_rows() -> None:
     """H200: the dense wgmma kernel's row tile is the smallest that holds M up to 64 rows; past it,
-    on layers above 20 M weights, the tile (64, 128 or a tall one of 160, 192 or 256 rows) whose
-    ceil(M / rows) tiles cost least (WGMMA_WIDE_TILE_COST, WGMMA_TALL_TILES): 128 rows at M =
-    65..128, 160 at 129..160, 257..320 and 577..640, 192 at 161..192, 321..384 and 513..576, 256
-    at 193..256, 385..512 and 641..768 (k = 5 alike but 128 at 577..640); layers of 12-20 M
-    weights (4096x4096) take the tall tiles but not the 128-row one; smaller layers and other GPUs
-    keep 64."""
+    on layers above 20 M weights, the tile (64, 128 or a tall one of 160, 192, 256, 320 or 384 rows)
+    whose ceil(M / rows) tiles cost least (WGMMA_WIDE_TILE_COST, WGMMA_TALL_TILES): 128 rows at M =
+    65..128, 160 at 129..160, 192 at 161..192, 256 at 193..256 and 385..512, 320 at 257..320 and
+    513..640 and 769..960, 384 at 321..384 and 641..768 (k = 5 alike but 192 at 513..576); layers
+    of 12-20 M weights (4096x4096) take the tall tiles but not the 128-row one; smaller layers and
+    other GPUs keep 64."""
     big, o, small = 4096 * 28672, 4096 * 4096, 2048 * 5120
     ms = (1, 17, 64, 65, 128, 129, 160, 161, 192, 193, 256, 257, 320, 321, 384, 385, 512, 513, 576, 577,
-          640, 641, 768)
+          640, 641, 768, 769, 960)
     got = {m: dispatch.wgmma_dense_rows(m, (9, 0), big, 4) for m in ms}
     assert got == {1: 16, 17: 32, 64: 64, 65: 128, 128: 128, 129: 160, 160: 160, 161: 192, 192: 192, 193: 256,
-                   256: 256, 257: 160, 320: 160, 321: 192, 384: 192, 385: 256, 512: 256, 513: 192, 576: 192,
-                   577: 160, 640: 160, 641: 256, 768: 256}
-    assert [dispatch.wgmma_dense_rows(m, (9, 0), big, 5) for m in (65, 129, 161, 257, 321, 513, 577)] == [
-        128, 160, 192, 160, 192, 192, 128]
+                   256: 256, 257: 320, 320: 320, 321: 384, 384: 384, 385: 256, 512: 256, 513: 320, 576: 320,
+                   577: 320, 640: 320, 641: 384, 768: 384, 769: 320, 960: 320}
+    assert [dispatch.wgmma_dense_rows(m, (9, 0), big, 5) for m in (65, 129, 161, 257, 321, 513, 577, 641)] == [
+        128, 160, 192, 320, 384, 192, 320, 384]
     assert [dispatch.wgmma_dense_rows(m, (9, 0), o, 4) for m in (64, 65, 129, 192, 256)] == [64, 160, 160, 192, 256]
     assert [dispatch.wgmma_dense_rows(m, (9, 0), small, k) for m in (65, 192) for k in (4, 5)] == [64] * 4
     assert dispatch.wgmma_dense_rows(128, (8, 0), big, 4) == 64
-    assert [dispatch.wgmma_tile_cols(r) for r in (64, 128, 160, 192, 256)] == [256, 256, 128, 128, 128]
+    assert [dispatch.wgmma_tile_cols(r) for r in (64, 128, 160, 192, 256, 320, 384)] == [256, 256] + [128] * 5
     assert dispatch.wgmma_wide_rows(300, 1.6) == 128  # no tall tile given: the grouped kernels' choice
     assert dispatch.wgmma_wide_rows(300, None, ((192, 2.2),)) == 192
 
 
 def test_kbit5_hopper_rules() -> None:
     """H200, k = 5 (no MMA variant 5, no stream-K GEMV): the tensor-core GEMV at M = 1..4 above 100 M
-    weights and 1..2 above 40 M, then the wgmma kernel up to 768 rows above 100 M and 512 above 40 M;
+    weights and 1..2 above 40 M, then the wgmma kernel up to 768 rows above 40 M;
     from M = 1 up to 256 rows above
     20 M weights, from 3 up to 192 above MMA_SMALL_LAYER and up to 64 on small layers; the
     lane-shuffle GEMV below, dequantize + cuBLAS past them, the GEMV / MMA where the Hopper kernels
@@ -138,7 +138,7 @@ def test_kbit5_hopper_rules() -> None:
     big, down, qkv, o, small = 4096 * 28672, 14336 * 4096, 4096 * 6144, 4096 * 4096, 2048 * 5120
     assert [dispatch.choose_path(m, (9, 0), big, 5, wgmma=True) for m in (1, 4, 5, 64, 768, 769)] == [
         "gemv_tc", "gemv_tc", "wgmma", "wgmma", "wgmma", "dequant"]
-    assert [dispatch.choose_path(m, (9, 0), down, 5, wgmma=True) for m in (1, 2, 3, 512, 513)] == [
+    assert [dispatch.choose_path(m, (9, 0), down, 5, wgmma=True) for m in (1, 2, 3, 768, 769)] == [
         "gemv_tc", "gemv_tc", "wgmma", "wgmma", "dequant"]
     assert [dispatch.choose_path(m, (9, 0), qkv, 5, wgmma=True) for m in (1, 2, 256, 257)] == [
         "wgmma", "wgmma", "wgmma", "dequant"]

@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
                               tbl, L, acc, a);
     }
     ptx::wgmma_wait<0>();
-    kw_fence_acc<R>(acc);
+    kw_fence_acc(acc);
 
     // acc[i][4j + h]: feature f0 + 2i, x row 8j + 2g + h of the tile; acc[i][4j + 2 + h]: feature
     // f0 + 2i + 1, the same row.

@@ -28,8 +28,12 @@
 //   half the weights per tensor work of the 128-row tile. Its groups are a block each (2 k16
 //   halves, kw_stage_blocks), not a half: 7% faster. It costs ~2.7 64-row tiles against the 128-row
 //   tile's ~1.55 (k = 5: ~2.45 on its 8-copy table, 4 slots of 37 KB beside it). The 192- and
-//   160-row tall tiles (m64n192k16, m64n160k16) cost ~2.2 and ~1.95 and hold 384 and 320 rows in two
-//   tiles (RESULTS.md, session 32).
+//   160-row tall tiles (m64n192k16, m64n160k16) cost ~2.2 and ~1.95 (RESULTS.md, session 32).
+//   The 320- and 384-row tiles (kw_nt: two row halves) issue two m64n160k16 / m64n192k16 on each
+//   decoded A fragment, one per half, from two x boxes of 160 / 192 rows: one decode for all 320 /
+//   384 rows at 160 / 192 accumulators a thread (218-255 registers, no spills; the 384-row tile
+//   has room for 3 slots). They cost ~3.2 and ~3.9 64-row tiles (k = 5 ~3.0, ~3.35), against ~3.9
+//   and ~4.4 for the two 160- or 192-row tiles they replace (RESULTS.md, session 33).
 // * Stream-K over one wave, unit = (row tile, stage of 2 quantization blocks), row tile = (256
 //   features, 128 in the tall tiles, R x rows), row tiles feature-major; partial row tiles as in
 //   kbit_mma.cu: fp32 vector reductions into a zeroed accumulator, a per-tile counter, the last CTA
@@ -69,6 +73,7 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
     constexpr int kWgRows = R, kWgSlots = S::kSlots, kWgAhead = S::kAhead;
     constexpr int kJ = R / 8;  // 8-row accumulator groups
     constexpr int MT = S::kMT, TW = S::kTW;  // m64 tiles per warpgroup, layout tiles per row tile
+    constexpr int NT = S::kNT, kJH = S::kRH / 8;  // row halves, 8-row groups a half
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane & 3;
@@ -126,7 +131,7 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
 
     const KwLane L = KwLane::make<C5, MT>(tid);
     const int tw = L.tw, c0 = L.c0;
-    float acc[MT][R / 2];  // [m64 tile][fragment]
+    float acc[MT * NT][R / NT / 2];  // [m64 tile x row half][fragment]
     uint32_t a[2][MT][4];  // A fragments: [k16 half][m64 tile][register]
     uint32_t ab[kWgBK][2][MT][4];  // the tall tile's: [block][k16 half][m64 tile][register]
 
@@ -136,9 +141,9 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
     for (int u = u0; u < u1;) {
         const int seg_end = min(u1, (q + 1) * nst);
 #pragma unroll
-        for (int i = 0; i < MT; ++i)
+        for (int i = 0; i < MT * NT; ++i)
 #pragma unroll
-            for (int r = 0; r < R / 2; ++r) acc[i][r] = 0.f;
+            for (int r = 0; r < R / NT / 2; ++r) acc[i][r] = 0.f;
         for (; u < seg_end; ++u, ++it) {
             const int slot = it % kWgSlots;
             ptx::mbar_wait(bars + slot * 8, static_cast<uint32_t>(it / kWgSlots) & 1u);  // stage it landed
@@ -155,10 +160,12 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
                 kw_stage<T, K, R, C5>(st, st_s, tbl, L, acc, a);
         }
         ptx::wgmma_wait<0>();
-        kw_fence_acc<R, MT>(acc);
+        kw_fence_acc(acc);
 
-        // End of this CTA's segment of row tile q. acc[i][4j + h]: feature f0 + 2i, x row 8j + 2g + h
-        // of the tile; acc[i][4j + 2 + h]: feature f0 + 2i + 1, the same row (i < MT).
+        // End of this CTA's segment of row tile q. With J(i, j) = acc[i NT + j / kJH] at 4 (j % kJH):
+        // J[h] is feature f0 + 2i, x row 8j + 2g + h of the tile; J[2 + h] feature f0 + 2i + 1, the
+        // same row (i < MT, j < kJ).
+        auto accj = [&](int i, int j) -> float* { return &acc[i * NT + j / kJH][4 * (j % kJH)]; };
         const int st_last = u - 1 - q * nst;
         const int rt = q / m_tiles, mt = q - rt * m_tiles;
         const int f0 = (rt * TW + tw) * kTileN + c0;
@@ -170,9 +177,10 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
 #pragma unroll
             for (int i = 0; i < MT; ++i)
 #pragma unroll
-                for (int j = 0; j < kJ; ++j)
-                    red_add4(mine + (i * kJ + j) * 128, acc[i][4 * j], acc[i][4 * j + 1], acc[i][4 * j + 2],
-                             acc[i][4 * j + 3]);
+                for (int j = 0; j < kJ; ++j) {
+                    const float* v = accj(i, j);
+                    red_add4(mine + (i * kJ + j) * 128, v[0], v[1], v[2], v[3]);
+                }
             write = sk_cta_arrive_last(counters + q, static_cast<int>(wl - wf));
             if (write) {
 #pragma unroll
@@ -180,7 +188,8 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
 #pragma unroll
                     for (int j = 0; j < kJ; ++j) {
                         const float4 v = kbit::sk_take4(reinterpret_cast<float4*>(mine + (i * kJ + j) * 128));
-                        acc[i][4 * j] = v.x, acc[i][4 * j + 1] = v.y, acc[i][4 * j + 2] = v.z, acc[i][4 * j + 3] = v.w;
+                        float* d = accj(i, j);
+                        d[0] = v.x, d[1] = v.y, d[2] = v.z, d[3] = v.w;
                     }
             }
         }
@@ -200,8 +209,8 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
                     float v[kF];
 #pragma unroll
                     for (int i = 0; i < MT; ++i) {
-                        v[2 * i] = acc[i][4 * j + h] + bv[2 * i];
-                        v[2 * i + 1] = acc[i][4 * j + 2 + h] + bv[2 * i + 1];
+                        v[2 * i] = accj(i, j)[h] + bv[2 * i];
+                        v[2 * i + 1] = accj(i, j)[2 + h] + bv[2 * i + 1];
                     }
                     if (vec) {
                         if constexpr (MT == 2)
@@ -230,7 +239,7 @@ const void* wgmma_kernel_ptr(int* smem) {
 }
 
 // k = 5's tall tiles run the 8-copy table: the 32-copy one (128 KB) leaves no room
-// for its 37 KB slots.
+// for their 37-54 KB slots.
 template <typename T, int K, int C5 = kLut5Copies>
 const void* wgmma_pick_rows(int rows, int* smem) {
     switch (rows) {
@@ -241,11 +250,13 @@ const void* wgmma_pick_rows(int rows, int* smem) {
         case 160: return wgmma_kernel_ptr<T, K, 160, K == 5 ? 8 : C5>(smem);
         case 192: return wgmma_kernel_ptr<T, K, 192, K == 5 ? 8 : C5>(smem);
         case kWgTallRows: return wgmma_kernel_ptr<T, K, kWgTallRows, K == 5 ? 8 : C5>(smem);
+        case 320: return wgmma_kernel_ptr<T, K, 320, K == 5 ? 8 : C5>(smem);
+        case 384: return wgmma_kernel_ptr<T, K, 384, K == 5 ? 8 : C5>(smem);
         default: return nullptr;
     }
 }
 
-// The kernel for k bits and `rows` x rows per row tile (16, 32, 64, 128, 160, 192 or 256); nullptr
+// The kernel for k bits and `rows` x rows per row tile (16, 32, 64, 128, 160, 192, 256, 320 or 384); nullptr
 // for others. k = 5 runs the 32-copy table at one CTA per SM (header), but the tall tiles the 8-copy one.
 template <typename T>
 const void* wgmma_pick(int k, int rows, int* smem) {
@@ -263,7 +274,7 @@ const void* wgmma_pick(int k, int rows, int* smem) {
 using ptx::wgmma_device_ok;
 
 // Resident CTAs per SM of the wgmma kernel for k bits and `rows` x rows per row tile, for sizing a
-// one-wave grid; 0 on error, for k outside 2..5, rows other than 16, 32, 64, 128, 160, 192 and 256,
+// one-wave grid; 0 on error, for k outside 2..5, rows other than 16, 32, 64, 128, 160, 192, 256, 320, 384,
 // or where !wgmma_device_ok().
 template <typename T>
 int wgmma_ctas_per_sm(int k, int rows) {
@@ -279,7 +290,7 @@ int wgmma_ctas_per_sm(int k, int rows) {
 template int wgmma_ctas_per_sm<half>(int, int);
 template int wgmma_ctas_per_sm<__nv_bfloat16>(int, int);
 
-// rows: x rows per row tile (16, 32, 64, 128, 160, 192 or 256; the wgmma N). cols: features per row
+// rows: x rows per row tile (16, 32, 64, 128, 160, 192, 256, 320 or 384; the wgmma N, or twice it). cols: features per row
 // tile, 256 (128 for the tall tiles, rows > 128). ctas: grid size, 1..units where units = ceil(N / cols) * ceil(M /
 // rows) * ceil(nb / 2). ws: a zeroed fp32 accumulator of ceil(N / cols) * ceil(M / rows) row tiles of
 // rows x cols floats, counters as many zeroed int32; both are left zero.
@@ -301,7 +312,7 @@ int launch_wgmma(const void* x, const void* pt, const uint8_t* at, const float* 
     const CUtensorMapDataType xdt =
         std::is_same<T, half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
     if (!ptx::encode_2d(&tmx, xdt, x, static_cast<uint64_t>(nb) * 32, M, static_cast<uint64_t>(nb) * 64,
-                        kWgBK * 32, static_cast<uint32_t>(rows), CU_TENSOR_MAP_SWIZZLE_128B))
+                        kWgBK * 32, static_cast<uint32_t>(rows / kw_nt(rows)), CU_TENSOR_MAP_SWIZZLE_128B))
         return static_cast<int>(cudaErrorInvalidValue);
     const cudaError_t attr = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (attr != cudaSuccess) return static_cast<int>(attr);

@@ -11,13 +11,17 @@ namespace kbit {
 
 constexpr int kWgThreads = 256;        // 2 warpgroups
 constexpr int kWgBK = 2;               // quantization blocks per stage
-// The tall tiles (dense kernel only): 160, 192 or 256 x rows, one m64 tile of 64 features per
-// warpgroup, so one 128-feature layout tile per row tile and 16 features a warp (2 a lane). Their
+// The tall tiles (dense kernel only): 160, 192, 256, 320 or 384 x rows, one m64 tile of 64 features
+// per warpgroup, so one 128-feature layout tile per row tile and 16 features a warp (2 a lane). Their
 // m64n256k16 wgmmas give each decoded weight twice the rows of the 128-row tile at the same 128
-// accumulators a thread; the 160- and 192-row ones fit 320 and 384 rows in two tiles.
+// accumulators a thread; the 320- and 384-row ones run two m64n160k16 / m64n192k16 (kw_nt).
 constexpr int kWgTallRows = 256;
 // m64 tiles per warpgroup (= layout tiles per row tile) of an R-row tile: past 128 rows, the tall tiles.
 __host__ __device__ constexpr int kw_mt(int R) { return R > 128 ? 1 : 2; }
+// wgmmas per m64 tile and k16 step (row halves of the tile, each its own x box): past kWgTallRows
+// rows two, so the 320-row tile runs two m64n160k16 on every decoded A fragment (one decode for 320
+// rows at 160 accumulators a thread).
+__host__ __device__ constexpr int kw_nt(int R) { return R > kWgTallRows ? 2 : 1; }
 constexpr int kWgLutWords = 256 * 32;  // compact pair table: one 128-byte row per pair code
 static_assert(kLut5Words == kWgLutWords, "the k = 5 table (kbit_lut5.cuh) fills the k <= 4 table's words");
 // Shared memory two CTAs per SM may each take on sm_90 (228 KB per SM, 1 KB of it reserved per CTA).
@@ -31,11 +35,14 @@ constexpr int kWgOneCtaBytes = 227 * 1024;  // the most shared memory one CTA ma
 // Shared memory of the kernel for k = K with R x rows per row tile (the wgmma N: 16, 32 or 64; the
 // host picks the smallest that holds M, so a decode batch of 16 runs n16 wgmmas, not n64 on zero
 // rows; 128 past 64 rows, dense and grouped, one decode for twice the rows, one CTA per SM: its
-// 128 accumulators a thread leave no registers for a second; 256, the dense tall tile, one CTA per
-// SM) and C5 lane copies in the k = 5 table. Smaller R leaves room for more slots (stages in flight).
+// 128 accumulators a thread leave no registers for a second; 160..384, the dense tall tiles, one CTA
+// per SM) and C5 lane copies in the k = 5 table. Smaller R leaves room for more slots (stages in
+// flight); at R = 384 3 fit.
 template <int K, int R, int C5 = kLut5Copies>
 struct WgCfg {
     static constexpr int kMT = kw_mt(R);                             // m64 tiles per warpgroup
+    static constexpr int kNT = kw_nt(R);                             // row halves (wgmmas per m64 tile)
+    static constexpr int kRH = R / kNT;                              // x rows of one wgmma (its N)
     static constexpr int kTW = kMT;                                  // layout tiles per row tile
     static constexpr int kCols = kTileN * kTW;                       // features per row tile
     static constexpr int kLoadParts = 1 + 2 * kTW;                   // stage copies (kw_load_part)
@@ -60,6 +67,7 @@ struct WgCfg {
     static constexpr int kBarOff = kSlotsOff + kSlots * kSlotBytes;  // one mbarrier per slot
     static constexpr int kBytes = 1024 + kBarOff + kSlots * 8;      // + alignment to 1024 bytes
     static_assert(kAhead >= 1, "a stage in flight at least");
+    static_assert(kRH <= kWgTallRows && kRH * kNT == R && (kNT == 1 || kMT == 1), "row halves only in the tall tiles");
     static_assert(kBytes <= kSmemCap, "the CTAs per SM fit");
 };
 
@@ -98,12 +106,13 @@ __device__ __forceinline__ void kw_build_tables(uint32_t* tbl, const float* __re
     tbl[kw_lut_words(K, C5) + tid] = pack2<T>(sc, sc);
 }
 
-template <int R, int MT = kw_mt(R)>
-__device__ __forceinline__ void kw_fence_acc(float (&acc)[MT][R / 2]) {
+// acc[m64 tile x row half][fragment]: every accumulator a thread.
+template <int A, int B>
+__device__ __forceinline__ void kw_fence_acc(float (&acc)[A][B]) {
 #pragma unroll
-    for (int i = 0; i < MT; ++i)
+    for (int i = 0; i < A; ++i)
 #pragma unroll
-        for (int r = 0; r < R / 2; ++r) ptx::reg_fence(acc[i][r]);
+        for (int r = 0; r < B; ++r) ptx::reg_fence(acc[i][r]);
 }
 
 // This lane's plane words pw[b][s] (features c0 + s, s < 2 MT) and absmax bytes (byte s of ab) of
@@ -201,7 +210,9 @@ __device__ __forceinline__ void kw_load_part(int part, uint32_t base, uint32_t b
     using S = WgCfg<K, R>;
     if (part == 0) {
         ptx::mbar_arrive_expect_tx(bar, static_cast<uint32_t>(S::kXBytes + tiles * jn * (K * kTileN * 4 + kTileN)));
-        ptx::tma_load_2d(base, tm_x, xcol, xrow, bar);
+#pragma unroll
+        for (int h = 0; h < S::kNT; ++h)  // a box per row half (kRH rows); one past M reads as zeros
+            ptx::tma_load_2d(base + h * (S::kXBytes / S::kNT), tm_x, xcol, xrow + h * S::kRH, bar);
         return;
     }
     const int tw = (part - 1) >> 1;
@@ -251,13 +262,13 @@ __device__ __forceinline__ void kw_stage(const unsigned char* slot, uint32_t slo
             ptx::wgmma_wait<1>();
             if constexpr (!kEarly) lookup(kk, w[kk]);
             kw_scale<T, MT>(w[kk], s2, a[kk]);
-            kw_fence_acc<R, MT>(acc);
+            kw_fence_acc(acc);
             ptx::wgmma_fence();
             const uint64_t desc = desc0 + static_cast<uint64_t>((blk * 2 + kk) * 2);  // 32 bytes a k16 step
 #pragma unroll
             for (int i = 0; i < MT; ++i) ptx::wgmma_m64k16<T, R>(acc[i], a[kk][i], desc, 1);
             ptx::wgmma_commit();
-            kw_fence_acc<R, MT>(acc);
+            kw_fence_acc(acc);
         }
     }
 }
@@ -268,10 +279,12 @@ __device__ __forceinline__ void kw_stage(const unsigned char* slot, uint32_t slo
 // group (the other block's) is pending: the group that last read a[blk] is done. The caller waits
 // for all groups (wgmma_wait<0>) before it reads acc. 7% faster than kw_stage on the tall tile; on
 // the 128-row tiles (dense and grouped) it measured 0-3% slower (RESULTS.md, session 32).
-template <typename T, int K, int R, int C5, int MT = kw_mt(R)>
+template <typename T, int K, int R, int C5, int MT = kw_mt(R), int NT = kw_nt(R)>
 __device__ __forceinline__ void kw_stage_blocks(const unsigned char* slot, uint32_t slot_s, const uint32_t* tbl,
-                                                const KwLane& L, float (&acc)[MT][R / 2],
+                                                const KwLane& L, float (&acc)[MT * NT][R / NT / 2],
                                                 uint32_t (&a)[kWgBK][2][MT][4]) {
+    constexpr int RH = R / NT;
+    constexpr uint64_t kHalfDesc = (RH * 128) >> 4;  // a row half's x rows further (128 bytes a row)
     const char* tblc = reinterpret_cast<const char*>(tbl);
     const uint64_t desc0 = ptx::wgmma_desc_sw128(slot_s);
     uint32_t pw[K][2 * MT];
@@ -288,16 +301,19 @@ __device__ __forceinline__ void kw_stage_blocks(const unsigned char* slot, uint3
         ptx::wgmma_wait<1>();
 #pragma unroll
         for (int kk = 0; kk < 2; ++kk) kw_scale<T, MT>(w[kk], s2, a[blk][kk]);
-        kw_fence_acc<R, MT>(acc);
+        kw_fence_acc(acc);
         ptx::wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 2; ++kk) {
             const uint64_t desc = desc0 + static_cast<uint64_t>((blk * 2 + kk) * 2);  // 32 bytes a k16 step
 #pragma unroll
-            for (int i = 0; i < MT; ++i) ptx::wgmma_m64k16<T, R>(acc[i], a[blk][kk][i], desc, 1);
+            for (int i = 0; i < MT; ++i)
+#pragma unroll
+                for (int h = 0; h < NT; ++h)
+                    ptx::wgmma_m64k16<T, RH>(acc[i * NT + h], a[blk][kk][i], desc + h * kHalfDesc, 1);
         }
         ptx::wgmma_commit();
-        kw_fence_acc<R, MT>(acc);
+        kw_fence_acc(acc);
     }
 }
 

@@ -93,9 +93,12 @@ MMA_SMALL_LAYER = 12 * 1024 * 1024
 # 322.4, M=1024 403.2 / 391.1; 14336x4096 M=512 109.6 / 118.7, M=768 157.7 / 153.9; 4096x6144 M=384
 # (128-row tiles) 50.3 / 46.1, M=512 56.2 / 54.2. With the 192-row tall tile (WGMMA_TALL_TILES):
 # 14336x4096 M=576 122.7 / 137.4, M=640 (128-row tiles) 145.9 / 136.1; 4096x6144 M=320 44.2 / 49.4,
-# M=384 44.4 / 45.8, M=576 61.2 / 61.5; 4096x4096 M=320 32.0 / 29.7.
+# M=384 44.4 / 45.8, M=576 61.2 / 61.5; 4096x4096 M=320 32.0 / 29.7. Session 33, with the 320- and
+# 384-row tiles: 4096x28672 M=896 327.0 (320) / 366.5, M=1024 396.1 (384) / 392.6, M=1280 466.2 /
+# 490.7 (cuBLAS 399.2, dequantize + cuBLAS kept: its time is the GEMM's plus a fixed write);
+# 14336x4096 M=640 118.2 / 135.5, M=768 139.9 / 153.6, M=896 172.2 / 183.8, M=1024 194.0 / 189.2.
 WGMMA_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((100 << 20, 17, 768), (40 << 20, 17, 576), (20 << 20, 17, 384), (0, 17, 192)),
+    (9, 0): ((100 << 20, 17, 960), (40 << 20, 17, 960), (20 << 20, 17, 384), (0, 17, 192)),
 }
 # The same on layers of at most MMA_SMALL_LAYER weights (k <= 4): rules (weights above, first row,
 # last row), the first rule the layer is above decides. The wgmma kernel runs one CTA per SM there
@@ -131,9 +134,10 @@ WGMMA_SMALL_ROWS: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
 # 39.6 / 42.3, M=384 52.3 / 49.7; 4096x4096 M=192 29.9 / 32.3, M=256 31.3 / 29.5; 4096x28672 M=448
 # dequantize + cuBLAS 351.2 (WGMMA_RULES). Session 32, with the tall tile (WGMMA_TALL_TILES), tall
 # tile / dequantize + cuBLAS: 4096x28672 M=512 219.9 / 236.2, M=768 315.7 / 324.8; 14336x4096
-# M=512 114.0 / 121.0, M=768 164.9 / 156.2; 4096x6144 M=384 (128-row tiles) 50.1 / 47.8.
+# M=512 114.0 / 121.0, M=768 164.9 / 156.2; 4096x6144 M=384 (128-row tiles) 50.1 / 47.8. Session 33,
+# with the 320- and 384-row tiles: 14336x4096 M=640 126.2 / 138.5, M=768 140.9 / 157.1.
 WGMMA_RULES_K5: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((100 << 20, 1, 768), (40 << 20, 1, 512), (20 << 20, 1, 256), (MMA_SMALL_LAYER, 3, 192), (0, 3, 64)),
+    (9, 0): ((100 << 20, 1, 768), (40 << 20, 1, 768), (20 << 20, 1, 256), (MMA_SMALL_LAYER, 3, 192), (0, 3, 64)),
 }
 TC_ROWS_K5: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
     (9, 0): ((100 << 20, 1, 4), (40 << 20, 1, 2)),
@@ -232,8 +236,9 @@ def wgmma_wide_tile_cost(k: int) -> float:
     return WGMMA_WIDE_TILE_COST.get(k, 2.0)
 
 
-# The dense kbit kernel's tall tiles: 160, 192 or 256 x rows of one 128-feature layout tile, one m64
-# tile of 64 features per warpgroup, so each decoded weight feeds that many rows (csrc/kbit_wgmma.cu).
+# The dense kbit kernel's tall tiles: 160, 192, 256, 320 or 384 x rows of one 128-feature layout
+# tile, one m64 tile of 64 features per warpgroup, so each decoded weight feeds that many rows
+# (csrc/kbit_wgmma.cu).
 # A tall tile costs WGMMA_TALL_TILES[rows][k] 64-row tiles (k = 5 on its 8-copy table: its 32-copy
 # one leaves no room for the slots). H200 2026-11-28 session 32, bf16 behind a writer of x, k=4 µs
 # 64- / 128- / 256-row tiles
@@ -257,11 +262,23 @@ def wgmma_wide_tile_cost(k: int) -> float:
 # 151.8 / 161.6, M=640 356.9 / 275.1 / 282.1 / 297.7; 14336x4096 k=4 M=320 103.6 / 92.6 / 80.0 / 85.1;
 # k=5 4096x28672 M=320 231.8 / 182.6 / 174.4 / 185.2; 4096x4096 k=4 M=128 21.9 / 22.1 / 19.7 / 21.8:
 # ~1.95 (k=5 ~1.9).
+# The 320- and 384-row tiles: two m64n160k16 / m64n192k16 on each decoded A fragment (one decode for
+# all the rows, 160 / 192 accumulators a thread; the 384-row one has room for 3 slots). Session 33,
+# µs 160- / 192- / 256- / 320- / 384-row tiles, k=4: 4096x28672 M=320 150.1 / 160.1 / 273.4 / 126.6
+# / 159.9, M=384 214.2 / 163.6 / 225.4 / 262.2 / 152.1, M=640 288.4 / 312.9 / 286.6 / 233.3 / 280.7,
+# M=768 376.7 / 322.3 / 297.3 / 332.9 / 282.0; 14336x4096 M=320 79.3 / 84.6 / 104.2 / 67.4 / 77.5,
+# M=384 111.3 / 84.5 / 99.6 / 122.4 / 78.9, M=640 142.4 / 148.7 / 147.2 / 118.2 / 136.6, M=768 186.1 /
+# 153.2 / 151.9 / 172.0 / 139.9: ~3.3 and ~3.9 (k=2 alike); k=5 4096x28672 M=320 174.2 / 186.9 /
+# 274.9 / 138.0 / 160.6, M=384 249.4 / 186.1 / 230.9 / 265.8 / 157.9, M=640 340.4 / 361.0 / 309.6 /
+# 247.1 / 295.6, M=768 413.8 / 359.5 / 322.4 / 354.3 / 285.5: ~3.0 and ~3.35. (The 320-row tile at
+# 3.2: against it, four or five 160-row tiles measured dearer than 1.95 each, M=640 and 768.)
 # x rows of the dense kbit kernel's tall tiles -> {k: cost in 64-row tiles}.
 WGMMA_TALL_TILES: dict[int, dict[int, float]] = {
     160: {2: 1.95, 3: 1.95, 4: 1.95, 5: 1.9},
     192: {2: 2.2, 3: 2.2, 4: 2.2, 5: 2.0},
     256: {2: 2.7, 3: 2.7, 4: 2.7, 5: 2.45},
+    320: {2: 3.2, 3: 3.2, 4: 3.2, 5: 3.0},
+    384: {2: 3.9, 3: 3.9, 4: 3.9, 5: 3.35},
 }
 # Layers above these weights (but at most WGMMA_WIDE_ROWS_ABOVE) take the tall tiles but not the
 # 128-row one. 4096x4096 k=4 (session 32), µs 64- / 128- / 192-row tiles: M=160 28.5 / 28.6 / 21.7,
