@@ -108,7 +108,7 @@ def test_kbit_wgmma_dense_rows() -> None:
     on layers above 20 M weights, the tile (64, 128 or a tall one of 160, 192, 256, 320 or 384 rows)
     whose ceil(M / rows) tiles cost least (WGMMA_WIDE_TILE_COST, WGMMA_TALL_TILES): 128 rows at M =
     65..128, 160 at 129..160, 192 at 161..192, 256 at 193..256 and 385..512, 320 at 257..320 and
-    513..640 and 769..960, 384 at 321..384 and 641..768 (k = 5 alike but 192 at 513..576); layers
+    513..640 and 769..960, 384 at 321..384 and 641..768 (k = 5 alike); layers
     of 12-20 M weights (4096x4096) take the tall tiles but not the 128-row one; smaller layers and
     other GPUs keep 64."""
     big, o, small = 4096 * 28672, 4096 * 4096, 2048 * 5120
@@ -119,7 +119,7 @@ def test_kbit_wgmma_dense_rows() -> None:
                    256: 256, 257: 320, 320: 320, 321: 384, 384: 384, 385: 256, 512: 256, 513: 320, 576: 320,
                    577: 320, 640: 320, 641: 384, 768: 384, 769: 320, 960: 320}
     assert [dispatch.wgmma_dense_rows(m, (9, 0), big, 5) for m in (65, 129, 161, 257, 321, 513, 577, 641)] == [
-        128, 160, 192, 320, 384, 192, 320, 384]
+        128, 160, 192, 320, 384, 320, 320, 384]
     assert [dispatch.wgmma_dense_rows(m, (9, 0), o, 4) for m in (64, 65, 129, 192, 256)] == [64, 160, 160, 192, 256]
     assert [dispatch.wgmma_dense_rows(m, (9, 0), small, k) for m in (65, 192) for k in (4, 5)] == [64] * 4
     assert dispatch.wgmma_dense_rows(128, (8, 0), big, 4) == 64

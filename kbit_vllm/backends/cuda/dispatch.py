@@ -271,13 +271,14 @@ def wgmma_wide_tile_cost(k: int) -> float:
 # 153.2 / 151.9 / 172.0 / 139.9: ~3.3 and ~3.9 (k=2 alike); k=5 4096x28672 M=320 174.2 / 186.9 /
 # 274.9 / 138.0 / 160.6, M=384 249.4 / 186.1 / 230.9 / 265.8 / 157.9, M=640 340.4 / 361.0 / 309.6 /
 # 247.1 / 295.6, M=768 413.8 / 359.5 / 322.4 / 354.3 / 285.5: ~3.0 and ~3.35. (The 320-row tile at
-# 3.2: against it, four or five 160-row tiles measured dearer than 1.95 each, M=640 and 768.)
+# 3.2: against it, four or five 160-row tiles measured dearer than 1.95 each, M=640 and 768. k=5's
+# at 2.95, not 3.0: three 192-row tiles took 273.0 at M=576, two 320-row ones 244.1 at M=640.)
 # x rows of the dense kbit kernel's tall tiles -> {k: cost in 64-row tiles}.
 WGMMA_TALL_TILES: dict[int, dict[int, float]] = {
     160: {2: 1.95, 3: 1.95, 4: 1.95, 5: 1.9},
     192: {2: 2.2, 3: 2.2, 4: 2.2, 5: 2.0},
     256: {2: 2.7, 3: 2.7, 4: 2.7, 5: 2.45},
-    320: {2: 3.2, 3: 3.2, 4: 3.2, 5: 3.0},
+    320: {2: 3.2, 3: 3.2, 4: 3.2, 5: 2.95},
     384: {2: 3.9, 3: 3.9, 4: 3.9, 5: 3.35},
 }
 # Layers above these weights (but at most WGMMA_WIDE_ROWS_ABOVE) take the tall tiles but not the
