@@ -27,7 +27,7 @@
 //   each decoded weight feeds 256 rows at the same 128 accumulators a thread, so a warp decodes
 //   half the weights per tensor work of the 128-row tile. Its groups are a block each (2 k16
 //   halves, kw_stage_blocks), not a half: 7% faster. It costs ~2.7 64-row tiles against the 128-row
-//   tile's ~1.55 (k = 5: ~2.45 on its 8-copy table, 4 slots of 37 KB beside it). The 192- and
+//   tile's ~1.55 (k = 5: ~2.35 on a 16-copy table, 4 slots of 38 KB beside it). The 192- and
 //   160-row tall tiles (m64n192k16, m64n160k16) cost ~2.2 and ~1.95 (RESULTS.md, session 32).
 //   The 320- and 384-row tiles (kw_nt: two row halves) issue two m64n160k16 / m64n192k16 on each
 //   decoded A fragment, one per half, from two x boxes of 160 / 192 rows: one decode for all 320 /
@@ -238,8 +238,10 @@ const void* wgmma_kernel_ptr(int* smem) {
     return reinterpret_cast<const void*>(wgmma_sk_kernel<T, K, R, C5>);
 }
 
-// k = 5's tall tiles run the 8-copy table: the 32-copy one (128 KB) leaves no room
-// for their 37-54 KB slots.
+// k = 5's tall tiles: the 32-copy table (128 KB) leaves no room for their 26-55 KB slots. The 160-
+// to 256-row ones run 16 copies (64 KB, lanes 16 apart meet in a bank when their codes differ in
+// parity alike), 4 slots beside it: 3-7% faster than on the 8-copy table (RESULTS.md, session 33);
+// the 320- and 384-row ones 8 copies, as 16 would leave them 3 and 2 slots.
 template <typename T, int K, int C5 = kLut5Copies>
 const void* wgmma_pick_rows(int rows, int* smem) {
     switch (rows) {
@@ -247,9 +249,9 @@ const void* wgmma_pick_rows(int rows, int* smem) {
         case 32: return wgmma_kernel_ptr<T, K, 32, C5>(smem);
         case 64: return wgmma_kernel_ptr<T, K, 64, C5>(smem);
         case 128: return wgmma_kernel_ptr<T, K, 128, C5>(smem);
-        case 160: return wgmma_kernel_ptr<T, K, 160, K == 5 ? 8 : C5>(smem);
-        case 192: return wgmma_kernel_ptr<T, K, 192, K == 5 ? 8 : C5>(smem);
-        case kWgTallRows: return wgmma_kernel_ptr<T, K, kWgTallRows, K == 5 ? 8 : C5>(smem);
+        case 160: return wgmma_kernel_ptr<T, K, 160, K == 5 ? 16 : C5>(smem);
+        case 192: return wgmma_kernel_ptr<T, K, 192, K == 5 ? 16 : C5>(smem);
+        case kWgTallRows: return wgmma_kernel_ptr<T, K, kWgTallRows, K == 5 ? 16 : C5>(smem);
         case 320: return wgmma_kernel_ptr<T, K, 320, K == 5 ? 8 : C5>(smem);
         case 384: return wgmma_kernel_ptr<T, K, 384, K == 5 ? 8 : C5>(smem);
         default: return nullptr;
@@ -257,7 +259,7 @@ const void* wgmma_pick_rows(int rows, int* smem) {
 }
 
 // The kernel for k bits and `rows` x rows per row tile (16, 32, 64, 128, 160, 192, 256, 320 or 384); nullptr
-// for others. k = 5 runs the 32-copy table at one CTA per SM (header), but the tall tiles the 8-copy one.
+// for others. k = 5 runs the 32-copy table at one CTA per SM (header), but the tall tiles 16 or 8 copies.
 template <typename T>
 const void* wgmma_pick(int k, int rows, int* smem) {
     switch (k) {

@@ -239,8 +239,8 @@ def wgmma_wide_tile_cost(k: int) -> float:
 # The dense kbit kernel's tall tiles: 160, 192, 256, 320 or 384 x rows of one 128-feature layout
 # tile, one m64 tile of 64 features per warpgroup, so each decoded weight feeds that many rows
 # (csrc/kbit_wgmma.cu).
-# A tall tile costs WGMMA_TALL_TILES[rows][k] 64-row tiles (k = 5 on its 8-copy table: its 32-copy
-# one leaves no room for the slots). H200 2026-11-28 session 32, bf16 behind a writer of x, k=4 µs
+# A tall tile costs WGMMA_TALL_TILES[rows][k] 64-row tiles (k = 5 on a 16- or 8-copy table: its
+# 32-copy one leaves no room for the slots). H200 2026-11-28 session 32, bf16 behind a writer of x, k=4 µs
 # 64- / 128- / 256-row tiles
 # (`benchmarks/exp_wgmma_rows.py`): 4096x28672 M=192 124.0 / 127.5 / 119.5, M=256 159.5 / 128.7 /
 # 116.3, M=384 228.3 / 178.0 / 235.6, M=512 298.1 / 231.7 / 210.5, M=768 428.6 / 331.3 / 301.6;
@@ -273,12 +273,16 @@ def wgmma_wide_tile_cost(k: int) -> float:
 # 247.1 / 295.6, M=768 413.8 / 359.5 / 322.4 / 354.3 / 285.5: ~3.0 and ~3.35. (The 320-row tile at
 # 3.2: against it, four or five 160-row tiles measured dearer than 1.95 each, M=640 and 768. k=5's
 # at 2.95, not 3.0: three 192-row tiles took 273.0 at M=576, two 320-row ones 244.1 at M=640.)
+# k=5's 160- to 256-row tiles on a 16-copy table (session 33), µs 8 / 16 copies, 160- / 192- / 256-row
+# tiles: 4096x28672 M=160 96.8 / 90.9, M=192 104.2 / 97.6, M=256 122.4 / 117.6, M=512 (256) 218.3 /
+# 210.5; 14336x4096 M=160 51.1 / 49.3, M=192 55.3 / 52.2, M=256 64.0 / 62.1, M=512 114.5 / 109.6:
+# ~1.8, ~1.9 and ~2.35, and the 320-row tile at 2.8 so that M=513..576 keeps two of them.
 # x rows of the dense kbit kernel's tall tiles -> {k: cost in 64-row tiles}.
 WGMMA_TALL_TILES: dict[int, dict[int, float]] = {
-    160: {2: 1.95, 3: 1.95, 4: 1.95, 5: 1.9},
-    192: {2: 2.2, 3: 2.2, 4: 2.2, 5: 2.0},
-    256: {2: 2.7, 3: 2.7, 4: 2.7, 5: 2.45},
-    320: {2: 3.2, 3: 3.2, 4: 3.2, 5: 2.95},
+    160: {2: 1.95, 3: 1.95, 4: 1.95, 5: 1.8},
+    192: {2: 2.2, 3: 2.2, 4: 2.2, 5: 1.9},
+    256: {2: 2.7, 3: 2.7, 4: 2.7, 5: 2.35},
+    320: {2: 3.2, 3: 3.2, 4: 3.2, 5: 2.8},
     384: {2: 3.9, 3: 3.9, 4: 3.9, 5: 3.35},
 }
 # Layers above these weights (but at most WGMMA_WIDE_ROWS_ABOVE) take the tall tiles but not the
