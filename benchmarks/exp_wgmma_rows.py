@@ -1,5 +1,6 @@
 """Issue 3 experiment (M >= 256): the dense kbit wgmma kernel at each of its row tiles past 64 rows
-(64, 128 and the tall tiles), forced, beside the op, dequantize + cuBLAS and cuBLAS bf16.
+(64, 128 and the tall tiles), forced, beside the op, dequantize + cuBLAS and cuBLAS bf16; with --awq,
+awq_orin's dense wgmma kernel (group 128) the same way.
 
 Row tile costs in 64-row tiles (dispatch.WGMMA_WIDE_TILE_COST, WGMMA_TALL_TILES) are read off
 these tables. Timed as bench_kbit.py times (CUDA-graph replay of rotated weight copies, behind a
@@ -19,9 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from kbit_vllm import ops
-from kbit_vllm.backends.cuda import dispatch
+from kbit_vllm.backends.cuda import awq_ops, dispatch
 from kbit_vllm.backends.cuda import ops as cuda_ops
-from kbit_vllm.formats import normal_float_codebook
+from kbit_vllm.formats import normal_float_codebook, quantize_awq_rtn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_kbit as bk  # noqa: E402
@@ -29,6 +30,7 @@ import bench_kbit as bk  # noqa: E402
 SHAPES = [("l3_gateup", 4096, 28672), ("l3_down", 14336, 4096), ("l3_qkv", 4096, 6144), ("l3_o", 4096, 4096)]
 MS = [128, 192, 256, 384, 512, 768, 1024]
 ROWS = [64, 128, *sorted(dispatch.WGMMA_TALL_TILES)]
+AWQ_GROUP = 128
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -38,6 +40,46 @@ def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
 def forced_rows(rows: int):
     """A stand-in for dispatch.wgmma_dense_rows that always answers rows."""
     return lambda m, capability, weights, k: rows
+
+
+def run_awq_shape(name: str, in_f: int, out_f: int, ms: list[int], rows_list: list[int]) -> list[dict]:
+    """awq_orin's dense wgmma kernel (group 128) forced to each row tile beside its op and cuBLAS."""
+    out = []
+    w = torch.randn(out_f, in_f, device="cuda", dtype=torch.bfloat16) * 0.05
+    qw, qz, s = quantize_awq_rtn(w, AWQ_GROUP, scale_dtype=torch.bfloat16)
+    wq, sz = ops.awq_repack(qw, qz, s, AWQ_GROUP, torch.bfloat16)
+    copies = [(wq.clone(), sz.clone()) for _ in range(bk.n_copies(wq.numel() * 4 + sz.numel() * 2))]
+    w16 = [w.clone() for _ in range(bk.n_copies(w.numel() * 2))]
+    chooser = awq_ops.wgmma_rows
+    for m in ms:
+        x = torch.randn(m, in_f, device="cuda", dtype=torch.bfloat16)
+        ref = awq_ops.linear_path(x, wq, sz, None, AWQ_GROUP, out_f, "dequant")
+        r = {"shape": name, "in": in_f, "out": out_f, "k": "awq", "M": m, "op_rows": chooser(m, (9, 0), out_f * in_f)}
+        r["cublas"] = bk.timed([(lambda wc=wc, x=x: F.linear(x, wc)) for wc in w16], x)
+        r["op"] = bk.timed([(lambda c=c, x=x: ops.awq_linear(x, c[0], c[1], None, AWQ_GROUP, out_f))
+                            for c in copies], x)
+        r["dequant"] = bk.timed([(lambda c=c, x=x: awq_ops.linear_path(x, c[0], c[1], None, AWQ_GROUP, out_f,
+                                                                       "dequant")) for c in copies], x)
+        for rows in rows_list:
+            awq_ops.wgmma_rows = forced_awq_rows(rows)
+            try:
+                r[f"r{rows}"] = bk.timed([(lambda c=c, x=x: awq_ops.linear_path(x, c[0], c[1], None, AWQ_GROUP, out_f,
+                                                                                "wgmma")) for c in copies], x)
+                r[f"err_r{rows}"] = rel_err(awq_ops.linear_path(x, wq, sz, None, AWQ_GROUP, out_f, "wgmma"), ref)
+            finally:
+                awq_ops.wgmma_rows = chooser
+        out.append(r)
+        cells = " ".join(f"{key}={v:.1f}" for key, v in r.items() if isinstance(v, float) and not key.startswith("err"))
+        errs = " ".join(f"{key}={v:.1e}" for key, v in r.items() if key.startswith("err"))
+        print(f"{name} {in_f}x{out_f} awq g{AWQ_GROUP} M={m} (op rows {r['op_rows']}): {cells} | {errs}", flush=True)
+    del copies, w16
+    torch.cuda.empty_cache()
+    return out
+
+
+def forced_awq_rows(rows: int):
+    """A stand-in for awq_ops.wgmma_rows that always answers rows."""
+    return lambda m, capability, weights: rows
 
 
 def run_shape(name: str, in_f: int, out_f: int, k: int, ms: list[int], rows_list: list[int]) -> list[dict]:
@@ -80,6 +122,7 @@ def main() -> None:
     ap.add_argument("--m", type=int, nargs="+", default=MS)
     ap.add_argument("--rows", type=int, nargs="+", default=ROWS, help="row tiles to force")
     ap.add_argument("--shapes", nargs="+", default=[s[0] for s in SHAPES])
+    ap.add_argument("--awq", action="store_true", help="awq_orin's wgmma kernel (group 128) instead of kbit's")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     bk.BEHIND_WRITER = True
@@ -88,6 +131,9 @@ def main() -> None:
     out = []
     for name, in_f, out_f in SHAPES:
         if name not in args.shapes:
+            continue
+        if args.awq:
+            out += run_awq_shape(name, in_f, out_f, args.m, args.rows)
             continue
         for k in args.k:
             out += run_shape(name, in_f, out_f, k, args.m, args.rows)

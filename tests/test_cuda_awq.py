@@ -346,22 +346,27 @@ def test_wgmma_matches_reference(dtype: torch.dtype, gs: int, in_f: int, out_f: 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("gs", (32, 128))
 @pytest.mark.parametrize("in_f,out_f", WG_SHAPES)
-def test_wgmma_wide_rows_matches_reference(dtype: torch.dtype, gs: int, in_f: int, out_f: int, monkeypatch) -> None:
-    """The wgmma kernel's 128-row tile (awq_ops.wgmma_rows), forced onto these small layers: one and
-    several row tiles, a last one nearly empty (M = 129) or full, with and without bias, against
-    float64 on outputs poisoned with NaN first; one CTA per SM."""
+@pytest.mark.parametrize("wide", (128, 160, 192))
+def test_wgmma_wide_rows_matches_reference(dtype: torch.dtype, gs: int, in_f: int, out_f: int, wide: int,
+                                           monkeypatch) -> None:
+    """The wgmma kernel's 128-, 160- and 192-row tiles (awq_ops.wgmma_rows), forced onto these small
+    layers: one and several row tiles, a last one nearly empty (M = 129, 161, 193) or full, with and
+    without bias, against float64 on outputs poisoned with NaN first; one CTA per SM."""
     if not _wgmma_ok():
         pytest.skip("the wgmma kernel needs compute capability 9.0 and an sm_90a library")
     if in_f % gs:
         pytest.skip(f"in {in_f} is no multiple of group {gs}")
+    assert tuple(awq_ops.WGMMA_TALL_TILES) == (160, 192)  # every taller tile has its case here
     monkeypatch.setitem(awq_ops.WGMMA_WIDE_ROWS_ABOVE, (9, 0), 0)
-    monkeypatch.setattr(awq_ops, "WGMMA_WIDE_TILE_COST", 1.0)
+    monkeypatch.setattr(awq_ops, "WGMMA_WIDE_TILE_COST", 0.5 if wide == 128 else 99.0)
+    for rows in awq_ops.WGMMA_TALL_TILES:
+        monkeypatch.setitem(awq_ops.WGMMA_TALL_TILES, rows, 0.5 if rows == wide else 99.0)
     wq, sz, w64 = _awq_layer(out_f, in_f, gs, dtype)
     bias = torch.randn(out_f, device="cuda", dtype=dtype)
     dev = torch.device("cuda")
-    for m in (65, 100, 128, 129, 300):
+    for m in (65, 100, 128, 129, 161, 193, 300):
         rows, ctas, _ = awq_ops.wgmma_config(dev, awq_ops.SUFFIX[dtype], m, in_f, out_f)
-        assert rows == 128 and ctas <= awq_ops.sm_count(dev)
+        assert rows == wide and ctas <= awq_ops.sm_count(dev)
         x = torch.randn(m, in_f, device="cuda", dtype=dtype)
         b = bias if m % 2 else None
         poison_allocator(m * out_f * 2)

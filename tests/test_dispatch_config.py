@@ -208,6 +208,21 @@ def test_wgmma_even_grid() -> None:
         assert c == ctas or (units % c == 0 and stages % (units // c) == 0)
 
 
+def test_awq_wgmma_rows() -> None:
+    """H200: awq_orin's dense wgmma row tile, past 64 rows on layers above 20 M weights, is the one
+    whose ceil(M / rows) tiles cost least (WGMMA_WIDE_TILE_COST, WGMMA_TALL_TILES): 128 at M =
+    65..128 and 193..256, 160 at 129..160, 257..320 and 385..480, 192 at 161..192, 321..384 and
+    481..768; smaller layers and other GPUs keep 16 / 32 / 64."""
+    from kbit_vllm.backends.cuda import awq_ops
+
+    big, o = 4096 * 28672, 4096 * 4096
+    ms = (17, 64, 65, 128, 129, 160, 161, 192, 193, 256, 257, 320, 321, 384, 385, 480, 481, 768)
+    assert [awq_ops.wgmma_rows(m, (9, 0), big) for m in ms] == [
+        32, 64, 128, 128, 160, 160, 192, 192, 128, 128, 160, 160, 192, 192, 160, 160, 192, 192]
+    assert [awq_ops.wgmma_rows(m, (9, 0), o) for m in (65, 192)] == [64, 64]
+    assert awq_ops.wgmma_rows(192, (8, 0), big) == 64
+
+
 def test_awq_wgmma_one_cta_rule() -> None:
     """H200: the awq wgmma kernel runs one CTA per SM on o_proj-sized layers from M=16 and on
     qkv-sized ones from M=33; the large layers keep two per SM, and other GPUs have no rule."""

@@ -28,8 +28,10 @@
 //   time: H200 session 9, RESULTS.md; TMA cut 4096x28672 at M=64 from 56 to 45 us.)
 // * Row tiles of R = 16, 32 or 64 x rows (the wgmma N; the host picks the smallest that holds M:
 //   at M <= 16 an n64 wgmma would spend 3/4 of its tensor work on zero rows, and the M = 16 kernel
-//   ran as slow as M = 64, RESULTS.md session 10), or 128 past 64 rows (awq_ops.wgmma_rows): one
-//   dequant for twice the rows, at one CTA per SM (128 accumulators a thread).
+//   ran as slow as M = 64, RESULTS.md session 10), or 128, 160 or 192 past 64 rows
+//   (awq_ops.wgmma_rows): one dequant for 2-3x the rows, at one CTA per SM (128, 160 or 192
+//   accumulators a thread; 190, 222 and 248 registers). The 160- and 192-row tiles cost ~1.9 and
+//   ~2.1 64-row tiles against the 128-row one's ~1.6 (RESULTS.md, session 33).
 // * Stream-K over one wave, unit = (row tile, stage), row tile = (256 outputs, R x rows); partial
 //   row tiles reduce into a zeroed fp32 accumulator with a per-tile counter, as kbit_wgmma.cu.
 //   No deterministic mode (backends/cuda/awq_ops.py picks the mma.sync kernel there).
@@ -213,7 +215,7 @@ int launch_rows(const CUtensorMap& tmx, const CUtensorMap& tmw, const CUtensorMa
 
 }  // namespace
 
-// Resident CTAs per SM of the kernel with `rows` x rows per row tile (16, 32, 64 or 128), for sizing a
+// Resident CTAs per SM of the kernel with `rows` x rows per row tile (16, 32, 64, 128, 160 or 192), for sizing a
 // one-wave grid; 0 on error, for other rows, or where !wgmma_device_ok().
 template <typename T>
 int wgmma_ctas_per_sm(int rows) {
@@ -223,13 +225,15 @@ int wgmma_ctas_per_sm(int rows) {
         case 32: return ctas_per_sm_rows<T, 32>();
         case 64: return ctas_per_sm_rows<T, 64>();
         case 128: return ctas_per_sm_rows<T, 128>();
+        case 160: return ctas_per_sm_rows<T, 160>();
+        case 192: return ctas_per_sm_rows<T, 192>();
         default: return 0;
     }
 }
 template int wgmma_ctas_per_sm<half>(int);
 template int wgmma_ctas_per_sm<__nv_bfloat16>(int);
 
-// rows: x rows per row tile (16, 32, 64 or 128; the wgmma N). ctas: grid size, 1..units where units =
+// rows: x rows per row tile (16, 32, 64, 128, 160 or 192; the wgmma N). ctas: grid size, 1..units where units =
 // ceil(out / 256) * ceil(m / rows) * ceil(in / 64). ws: a zeroed fp32 accumulator of
 // ceil(out / 256) * ceil(m / rows) row tiles of rows x 256 floats, counters as many zeroed int32;
 // both are left zero.
@@ -237,7 +241,8 @@ template <typename T>
 int wgmma(const void* x, const int32_t* wq, const void* sz, const void* bias, void* y, int m, int in, int out,
           int group, int rows, int ctas, float* ws, int* counters, cudaStream_t stream) {
     if (m == 0 || out == 0) return 0;
-    if (rows != 16 && rows != 32 && rows != 64 && rows != 128) return static_cast<int>(cudaErrorInvalidValue);
+    if (rows != 16 && rows != 32 && rows != 64 && rows != 128 && rows != 160 && rows != 192)
+        return static_cast<int>(cudaErrorInvalidValue);
     const long long units = static_cast<long long>((out + kAwCols - 1) / kAwCols) * ((m + rows - 1) / rows) *
                             ((in + kAwBK - 1) / kAwBK);
     if (m < 0 || in <= 0 || out < 0 || in % 32 || out % 8 || group < 32 || (group & (group - 1)) || in % group || ctas < 1 ||
@@ -250,7 +255,9 @@ int wgmma(const void* x, const int32_t* wq, const void* sz, const void* bias, vo
         case 16: return launch_rows<T, 16>(tmx, tmw, tms, bias, y, m, in, out, group, ctas, ws, counters, stream);
         case 32: return launch_rows<T, 32>(tmx, tmw, tms, bias, y, m, in, out, group, ctas, ws, counters, stream);
         case 64: return launch_rows<T, 64>(tmx, tmw, tms, bias, y, m, in, out, group, ctas, ws, counters, stream);
-        default: return launch_rows<T, 128>(tmx, tmw, tms, bias, y, m, in, out, group, ctas, ws, counters, stream);
+        case 128: return launch_rows<T, 128>(tmx, tmw, tms, bias, y, m, in, out, group, ctas, ws, counters, stream);
+        case 160: return launch_rows<T, 160>(tmx, tmw, tms, bias, y, m, in, out, group, ctas, ws, counters, stream);
+        default: return launch_rows<T, 192>(tmx, tmw, tms, bias, y, m, in, out, group, ctas, ws, counters, stream);
     }
 }
 

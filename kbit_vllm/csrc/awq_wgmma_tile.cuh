@@ -17,11 +17,11 @@ constexpr int kAwSSeg = kAwCols * 4;              // scale / offset pairs of a s
 
 // Shared memory of the kernel with R x rows per row tile (the wgmma N: 16, 32 or 64; the host
 // picks the smallest that holds M, so a decode batch of 16 runs n16 wgmmas, not n64 on zero rows;
-// 128 past 64 rows, dense and grouped, at one CTA per SM: kOneCta). Smaller R leaves room for
-// more slots (stages in flight) at 2 CTAs per SM.
+// 128 past 64 rows, dense and grouped, and 160 or 192 (dense), at one CTA per SM: kOneCta).
+// Smaller R leaves room for more slots (stages in flight) at 2 CTAs per SM.
 template <int R>
 struct AwCfg {
-    static constexpr bool kOneCta = R == 128;  // 128 accumulators a thread leave no room for a second CTA
+    static constexpr bool kOneCta = R >= 128;  // 128+ accumulators a thread leave no room for a second CTA
     static constexpr int kXBytes = R * kAwBK * 2;                          // x rows of a stage (128-byte swizzled)
     static constexpr int kSlotBytes = kXBytes + 2 * kAwWSeg + 2 * kAwSSeg;  // x, weights, scales: 18 KB at R = 64
     static constexpr int kSlots = R >= 64 ? 5 : 6;

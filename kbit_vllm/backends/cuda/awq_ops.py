@@ -52,9 +52,12 @@ DISPATCH = {90: (4, 64)}
 # 200.2 / 200.9 (dequant), 4096x6144 M=384 50.8 / 44.9 (dequant), 4096x4096 M=256 28.8 / 26.1.
 # Session 29 (128-row tiles, WGMMA_WIDE_ROWS_ABOVE), bf16 behind a writer, wgmma / dequantize +
 # cuBLAS: 4096x28672 M=512 212.3 / 233.1, M=1024 404.7 / 386.0; 14336x4096 M=512 111.3 / 119.0,
-# M=1024 191.0 / 185.7; 4096x6144 M=256 34.9 / 39.2, M=384 45.7 / 45.8.
+# M=1024 191.0 / 185.7; 4096x6144 M=256 34.9 / 39.2, M=384 45.7 / 45.8. Session 33, with the 160-
+# and 192-row tiles (WGMMA_TALL_TILES): 4096x28672 M=768 250.1 / 310.1, M=1024 347.4 / 365.6;
+# 14336x4096 M=768 130.0 / 150.0, M=1024 181.0 / 179.7; 4096x6144 M=320 38.6 / 49.6, M=384 43.8 /
+# 46.2, M=512 55.9 / 53.3.
 WGMMA_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((48 << 20, 2, 512), (20 << 20, 4, 256), (12 << 20, 5, 192), (0, 5, 32)),
+    (9, 0): ((48 << 20, 2, 1024), (20 << 20, 4, 384), (12 << 20, 5, 192), (0, 5, 32)),
 }
 _SUFFIX = SUFFIX
 
@@ -220,12 +223,23 @@ WGMMA_WIDE_ROWS_ABOVE: dict[tuple[int, int], int] = {
     (9, 0): 20 << 20,
 }
 WGMMA_WIDE_TILE_COST = 1.6
+# Taller row tiles of the same kernel on the same layers (m64n160k16 / m64n192k16 on both m64 tiles,
+# 160 / 192 accumulators a thread, 222 / 248 registers, one CTA per SM): one dequant for 160 or 192
+# rows. Rows -> cost in 64-row tiles. H200 2026-11-28 session 33, g128 bf16 behind a writer, µs 128- /
+# 160- / 192-row tiles: 4096x28672 M=160 114.8 / 72.7 / 80.6, M=192 115.0 / 122.0 / 82.5, M=256 114.8
+# / 121.8 / 135.6, M=320 157.0 / 124.6 / 136.5, M=384 158.0 / 166.2 / 142.3, M=512 203.1 / 214.2 /
+# 187.3, M=768 291.4 / 265.4 / 250.1; 14336x4096 M=160 61.0 / 41.8 / 46.4, M=320 84.5 / 66.2 / 72.8,
+# M=384 85.0 / 90.4 / 75.1, M=768 152.6 / 139.2 / 130.0; 4096x6144 M=160 35.0 / 27.4 / 31.4, M=320
+# 45.6 / 38.6 / 43.4 (cuBLAS bf16 at M=160: 76.6, 45.8, 19.5).
+WGMMA_TALL_TILES: dict[int, float] = {160: 1.9, 192: 2.1}
 
 
 def wgmma_rows(m: int, capability: tuple[int, int], weights: int) -> int:
     """x rows per row tile of the dense awq wgmma kernel for m rows of a layer of that many weights
-    (dispatch.wgmma_layer_rows with this kernel's WGMMA_WIDE_TILE_COST and WGMMA_WIDE_ROWS_ABOVE)."""
-    return dispatch.wgmma_layer_rows(m, capability, weights, WGMMA_WIDE_TILE_COST, WGMMA_WIDE_ROWS_ABOVE)
+    (dispatch.wgmma_layer_rows with this kernel's WGMMA_WIDE_TILE_COST, WGMMA_TALL_TILES and
+    WGMMA_WIDE_ROWS_ABOVE)."""
+    return dispatch.wgmma_layer_rows(m, capability, weights, WGMMA_WIDE_TILE_COST, WGMMA_WIDE_ROWS_ABOVE,
+                                     tuple(sorted(WGMMA_TALL_TILES.items())))
 
 
 def wgmma_config(dev: torch.device, suffix: str, m: int, in_f: int, out_f: int) -> tuple[int, int, int]:

@@ -318,15 +318,15 @@ def wgmma_wide_rows(m: int, tile_cost: float | None, tall: tuple[tuple[int, floa
 
 
 def wgmma_layer_rows(m: int, capability: tuple[int, int], weights: int, tile_cost: float,
-                     above: dict[tuple[int, int], int]) -> int:
+                     above: dict[tuple[int, int], int], taller: tuple[tuple[int, float], ...] = ()) -> int:
     """x rows per row tile of a dense wgmma kernel with wide tiles for m rows of a layer of that many
-    weights: wgmma_wide_rows at tile_cost on layers above above[capability] weights, else
-    wgmma_tile_rows (awq_orin's kernel: awq_ops.wgmma_rows; the kbit one, with its tall tiles:
-    wgmma_dense_rows)."""
+    weights: wgmma_wide_rows at tile_cost and the taller (rows, cost) tiles on layers above
+    above[capability] weights, else wgmma_tile_rows (awq_orin's kernel: awq_ops.wgmma_rows; the kbit
+    one, with its tall tiles: wgmma_dense_rows)."""
     first = above.get(capability)
     if first is None or weights <= first:
         return wgmma_tile_rows(m)
-    return wgmma_wide_rows(m, tile_cost)
+    return wgmma_wide_rows(m, tile_cost, taller)
 
 
 def wgmma_dense_rows(m: int, capability: tuple[int, int], weights: int, k: int) -> int:
