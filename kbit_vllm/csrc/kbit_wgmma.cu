@@ -292,10 +292,11 @@ int wgmma_ctas_per_sm(int k, int rows) {
 template int wgmma_ctas_per_sm<half>(int, int);
 template int wgmma_ctas_per_sm<__nv_bfloat16>(int, int);
 
-// rows: x rows per row tile (16, 32, 64, 128, 160, 192, 256, 320 or 384; the wgmma N, or twice it). cols: features per row
-// tile, 256 (128 for the tall tiles, rows > 128). ctas: grid size, 1..units where units = ceil(N / cols) * ceil(M /
-// rows) * ceil(nb / 2). ws: a zeroed fp32 accumulator of ceil(N / cols) * ceil(M / rows) row tiles of
-// rows x cols floats, counters as many zeroed int32; both are left zero.
+// rows: x rows per row tile (16, 32, 64, 128, 160, 192, 256, 320 or 384; the wgmma N, or twice it).
+// cols: features per row tile, 256 (128 for the tall tiles, rows > 128). ctas: grid size, 1..units
+// where units = ceil(N / cols) * ceil(M / rows) * ceil(nb / 2). ws: a zeroed fp32 accumulator of
+// ceil(N / cols) * ceil(M / rows) row tiles of rows x cols floats, counters as many zeroed int32;
+// both are left zero.
 template <typename T>
 int launch_wgmma(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int k, int M,
                  int N, int nb, void* y, int rows, int ctas, float* ws, int* counters, cudaStream_t stream) {
