@@ -37,83 +37,62 @@ def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
     return float((y.float() - ref.float()).abs().max() / ref.float().abs().max().clamp(min=1e-30))
 
 
-def forced_rows(rows: int):
-    """A stand-in for dispatch.wgmma_dense_rows that always answers rows."""
-    return lambda m, capability, weights, k: rows
+def sweep(label: str, shape: tuple[str, int, int], k: int | str, ms: list[int], rows_list: list[int],
+          w: torch.Tensor, copies: list, op, path, chooser: tuple[object, str], forced) -> list[dict]:
+    """Times, per M, cuBLAS bf16 on w, the dispatched op(x, copy), path(x, copy, "dequant") and
+    path(x, copy, "wgmma") with module.attr (chooser) replaced by forced(rows) for each row tile,
+    and prints one line per M; the wgmma outputs are checked against dequantize + cuBLAS."""
+    name, in_f, out_f = shape
+    module, attr = chooser
+    choose = getattr(module, attr)
+    w16 = [w.clone() for _ in range(bk.n_copies(w.numel() * 2))]
+    out = []
+    for m in ms:
+        x = torch.randn(m, in_f, device="cuda", dtype=torch.bfloat16)
+        ref = path(x, copies[0], "dequant")
+        args = (m, (9, 0), out_f * in_f) + ((k,) if isinstance(k, int) else ())
+        r = {"shape": name, "in": in_f, "out": out_f, "k": k, "M": m, "op_rows": choose(*args)}
+        r["cublas"] = bk.timed([(lambda wc=wc, x=x: F.linear(x, wc)) for wc in w16], x)
+        r["op"] = bk.timed([(lambda c=c, x=x: op(x, c)) for c in copies], x)
+        r["dequant"] = bk.timed([(lambda c=c, x=x: path(x, c, "dequant")) for c in copies], x)
+        for rows in rows_list:
+            setattr(module, attr, forced(rows))
+            try:
+                r[f"r{rows}"] = bk.timed([(lambda c=c, x=x: path(x, c, "wgmma")) for c in copies], x)
+                r[f"err_r{rows}"] = rel_err(path(x, copies[0], "wgmma"), ref)
+            finally:
+                setattr(module, attr, choose)
+        out.append(r)
+        cells = " ".join(f"{key}={v:.1f}" for key, v in r.items() if isinstance(v, float) and not key.startswith("err"))
+        errs = " ".join(f"{key}={v:.1e}" for key, v in r.items() if key.startswith("err"))
+        print(f"{name} {in_f}x{out_f} {label} M={m} (op rows {r['op_rows']}): {cells} | {errs}", flush=True)
+    del copies, w16
+    torch.cuda.empty_cache()
+    return out
 
 
 def run_awq_shape(name: str, in_f: int, out_f: int, ms: list[int], rows_list: list[int]) -> list[dict]:
     """awq_orin's dense wgmma kernel (group 128) forced to each row tile beside its op and cuBLAS."""
-    out = []
     w = torch.randn(out_f, in_f, device="cuda", dtype=torch.bfloat16) * 0.05
     qw, qz, s = quantize_awq_rtn(w, AWQ_GROUP, scale_dtype=torch.bfloat16)
     wq, sz = ops.awq_repack(qw, qz, s, AWQ_GROUP, torch.bfloat16)
     copies = [(wq.clone(), sz.clone()) for _ in range(bk.n_copies(wq.numel() * 4 + sz.numel() * 2))]
-    w16 = [w.clone() for _ in range(bk.n_copies(w.numel() * 2))]
-    chooser = awq_ops.wgmma_rows
-    for m in ms:
-        x = torch.randn(m, in_f, device="cuda", dtype=torch.bfloat16)
-        ref = awq_ops.linear_path(x, wq, sz, None, AWQ_GROUP, out_f, "dequant")
-        r = {"shape": name, "in": in_f, "out": out_f, "k": "awq", "M": m, "op_rows": chooser(m, (9, 0), out_f * in_f)}
-        r["cublas"] = bk.timed([(lambda wc=wc, x=x: F.linear(x, wc)) for wc in w16], x)
-        r["op"] = bk.timed([(lambda c=c, x=x: ops.awq_linear(x, c[0], c[1], None, AWQ_GROUP, out_f))
-                            for c in copies], x)
-        r["dequant"] = bk.timed([(lambda c=c, x=x: awq_ops.linear_path(x, c[0], c[1], None, AWQ_GROUP, out_f,
-                                                                       "dequant")) for c in copies], x)
-        for rows in rows_list:
-            awq_ops.wgmma_rows = forced_awq_rows(rows)
-            try:
-                r[f"r{rows}"] = bk.timed([(lambda c=c, x=x: awq_ops.linear_path(x, c[0], c[1], None, AWQ_GROUP, out_f,
-                                                                                "wgmma")) for c in copies], x)
-                r[f"err_r{rows}"] = rel_err(awq_ops.linear_path(x, wq, sz, None, AWQ_GROUP, out_f, "wgmma"), ref)
-            finally:
-                awq_ops.wgmma_rows = chooser
-        out.append(r)
-        cells = " ".join(f"{key}={v:.1f}" for key, v in r.items() if isinstance(v, float) and not key.startswith("err"))
-        errs = " ".join(f"{key}={v:.1e}" for key, v in r.items() if key.startswith("err"))
-        print(f"{name} {in_f}x{out_f} awq g{AWQ_GROUP} M={m} (op rows {r['op_rows']}): {cells} | {errs}", flush=True)
-    del copies, w16
-    torch.cuda.empty_cache()
-    return out
-
-
-def forced_awq_rows(rows: int):
-    """A stand-in for awq_ops.wgmma_rows that always answers rows."""
-    return lambda m, capability, weights: rows
+    return sweep(f"awq g{AWQ_GROUP}", (name, in_f, out_f), "awq", ms, rows_list, w, copies,
+                 lambda x, c: ops.awq_linear(x, c[0], c[1], None, AWQ_GROUP, out_f),
+                 lambda x, c, p: awq_ops.linear_path(x, c[0], c[1], None, AWQ_GROUP, out_f, p),
+                 (awq_ops, "wgmma_rows"), lambda rows: (lambda m, capability, weights: rows))
 
 
 def run_shape(name: str, in_f: int, out_f: int, k: int, ms: list[int], rows_list: list[int]) -> list[dict]:
-    out = []
+    """The kbit dense wgmma kernel at k bits forced to each row tile beside its op and cuBLAS."""
     w = torch.randn(out_f, in_f, device="cuda", dtype=torch.bfloat16) * 0.05
     cb = normal_float_codebook(k).cuda()
     pt, at = ops.kbit_repack(*ops.kbit_quantize(w, cb, k), k)
     copies = [(pt.clone(), at.clone()) for _ in range(bk.n_copies(pt.numel() * 4 + at.numel()))]
-    w16 = [w.clone() for _ in range(bk.n_copies(w.numel() * 2))]
-    chooser = dispatch.wgmma_dense_rows
-    for m in ms:
-        x = torch.randn(m, in_f, device="cuda", dtype=torch.bfloat16)
-        ref = cuda_ops.linear_path(x, pt, at, cb, None, k, out_f, "dequant")
-        r = {"shape": name, "in": in_f, "out": out_f, "k": k, "M": m,
-             "op_rows": chooser(m, (9, 0), out_f * in_f, k)}
-        r["cublas"] = bk.timed([(lambda wc=wc, x=x: F.linear(x, wc)) for wc in w16], x)
-        r["op"] = bk.timed([(lambda c=c, x=x: ops.kbit_linear(x, c[0], c[1], cb, None, k, out_f)) for c in copies], x)
-        r["dequant"] = bk.timed([(lambda c=c, x=x: cuda_ops.linear_path(x, c[0], c[1], cb, None, k, out_f, "dequant"))
-                                 for c in copies], x)
-        for rows in rows_list:
-            dispatch.wgmma_dense_rows = forced_rows(rows)
-            try:
-                r[f"r{rows}"] = bk.timed([(lambda c=c, x=x: cuda_ops.linear_path(x, c[0], c[1], cb, None, k, out_f,
-                                                                                 "wgmma")) for c in copies], x)
-                r[f"err_r{rows}"] = rel_err(cuda_ops.linear_path(x, pt, at, cb, None, k, out_f, "wgmma"), ref)
-            finally:
-                dispatch.wgmma_dense_rows = chooser
-        out.append(r)
-        cells = " ".join(f"{key}={v:.1f}" for key, v in r.items() if isinstance(v, float) and not key.startswith("err"))
-        errs = " ".join(f"{key}={v:.1e}" for key, v in r.items() if key.startswith("err"))
-        print(f"{name} {in_f}x{out_f} k={k} M={m} (op rows {r['op_rows']}): {cells} | {errs}", flush=True)
-    del copies, w16
-    torch.cuda.empty_cache()
-    return out
+    return sweep(f"k={k}", (name, in_f, out_f), k, ms, rows_list, w, copies,
+                 lambda x, c: ops.kbit_linear(x, c[0], c[1], cb, None, k, out_f),
+                 lambda x, c, p: cuda_ops.linear_path(x, c[0], c[1], cb, None, k, out_f, p),
+                 (dispatch, "wgmma_dense_rows"), lambda rows: (lambda m, capability, weights, k: rows))
 
 
 def main() -> None:
