@@ -17,7 +17,8 @@ prints one RESULT JSON line:
 layers, folder build and engine init seconds, compile and cudagraph modes, weight memory and the
 peak while loading, then greedy outputs with logprobs (tiny*), decode tokens/s at batch 1 and 16
 (bench), or decode tokens/s at batch 1, 16, 64 and prefill tokens/s on 2048-token prompts (l3,
-q3moe*). KBIT_E2E_CLEAN=1 deletes each folder after the last name that reads it. KBIT_E2E_PROFILE=1
+q3moe*; KBIT_E2E_BATCHES="1,64,256" picks other decode batches). KBIT_E2E_CLEAN=1 deletes each
+folder after the last name that reads it. KBIT_E2E_PROFILE=1
 adds PROFILE lines (l3, q3moe*, bench): the GPU kernels of one decode step (batch
 KBIT_E2E_PROFILE_BATCH, default 1), CUDA graph replays included, by time per step.
 Without a GPU the engines run eager on vLLM's CPU backend (a check of the code path, not timings).
@@ -59,6 +60,9 @@ SHAPES = {
 }
 MOE = ("tinymoe", "q3moe", "q3moetiny")
 TIMED = ("l3", "q3moe", "q3moetiny")  # decode at batch 1/16/64 + prefill; bench: decode at 1/16 only
+# KBIT_E2E_BATCHES="1,64,256,384" replaces those decode batches (captured, and max_num_seqs raised to
+# the largest): past 128 tokens a step runs the wgmma kernels' tall tiles.
+BATCHES = tuple(int(b) for b in os.environ.get("KBIT_E2E_BATCHES", "").split(",") if b.strip())
 GIB = 1 << 30
 
 
@@ -340,10 +344,13 @@ def child(name: str) -> None:
     peak = watch_load_peak() if gpu else {}
     t0 = time.perf_counter()
     timed = model in TIMED
+    batches = BATCHES or ((1, 16, 64) if timed else (1, 16))
     if timed:  # capture the decode sizes measured here only (prefill chunks run compiled, uncaptured);
         # no prefix caching, so repeated prefill prompts are computed every time
-        kw["compilation_config"] = {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64]}
+        kw["compilation_config"] = {"cudagraph_capture_sizes": sorted({1, 2, 4, 8, 16, 32, 64, *batches})}
         kw["enable_prefix_caching"] = False
+    if max(batches) > 256:  # vLLM's default max_num_seqs
+        kw["max_num_seqs"] = max(batches)
     if gpu:
         kw["gpu_memory_utilization"] = 0.5 if timed else 0.45
     else:  # no torch.compile on a 2-core CPU: eager, as the CPU tests run
@@ -371,7 +378,7 @@ def child(name: str) -> None:
         # 420-756 tok/s for one library, sessions 25-26) between runs. Prefill best of 3 (l3) or 2
         # (q3moe*, so that four engines fit one 10-minute device call; startup dominates anyway).
         n, decode_reps, prefill_reps = 128, 5, (3 if model in ("bench", "l3") else 2)
-        for b in (1, 16, 64) if timed else (1, 16):
+        for b in batches:
             res[f"bs{b}_decode_tok_s"] = decode_tok_s(llm, SamplingParams, b, n, hf.vocab_size, decode_reps)
         if timed:
             res["prefill2048_tok_s"] = prefill_tok_s(llm, SamplingParams, hf.vocab_size, prefill_reps)
