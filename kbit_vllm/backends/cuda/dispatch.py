@@ -98,7 +98,7 @@ MMA_SMALL_LAYER = 12 * 1024 * 1024
 # 490.7 (cuBLAS 399.2, dequantize + cuBLAS kept: its time is the GEMM's plus a fixed write);
 # 14336x4096 M=640 118.2 / 135.5, M=768 139.9 / 153.6, M=896 172.2 / 183.8, M=1024 194.0 / 189.2.
 WGMMA_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((100 << 20, 17, 960), (40 << 20, 17, 960), (20 << 20, 17, 384), (0, 17, 192)),
+    (9, 0): ((40 << 20, 17, 960), (20 << 20, 17, 384), (0, 17, 192)),
 }
 # The same on layers of at most MMA_SMALL_LAYER weights (k <= 4): rules (weights above, first row,
 # last row), the first rule the layer is above decides. The wgmma kernel runs one CTA per SM there
@@ -137,7 +137,7 @@ WGMMA_SMALL_ROWS: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
 # M=512 114.0 / 121.0, M=768 164.9 / 156.2; 4096x6144 M=384 (128-row tiles) 50.1 / 47.8. Session 33,
 # with the 320- and 384-row tiles: 14336x4096 M=640 126.2 / 138.5, M=768 140.9 / 157.1.
 WGMMA_RULES_K5: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((100 << 20, 1, 768), (40 << 20, 1, 768), (20 << 20, 1, 256), (MMA_SMALL_LAYER, 3, 192), (0, 3, 64)),
+    (9, 0): ((40 << 20, 1, 768), (20 << 20, 1, 256), (MMA_SMALL_LAYER, 3, 192), (0, 3, 64)),
 }
 TC_ROWS_K5: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
     (9, 0): ((100 << 20, 1, 4), (40 << 20, 1, 2)),
@@ -272,7 +272,7 @@ def wgmma_wide_tile_cost(k: int) -> float:
 # 274.9 / 138.0 / 160.6, M=384 249.4 / 186.1 / 230.9 / 265.8 / 157.9, M=640 340.4 / 361.0 / 309.6 /
 # 247.1 / 295.6, M=768 413.8 / 359.5 / 322.4 / 354.3 / 285.5: ~3.0 and ~3.35. (The 320-row tile at
 # 3.2: against it, four or five 160-row tiles measured dearer than 1.95 each, M=640 and 768. k=5's
-# at 2.95, not 3.0: three 192-row tiles took 273.0 at M=576, two 320-row ones 244.1 at M=640.)
+# below 3.0: three 192-row tiles took 273.0 at M=576, two 320-row ones 244.1 at M=640.)
 # k=5's 160- to 256-row tiles on a 16-copy table (session 33), µs 8 / 16 copies, 160- / 192- / 256-row
 # tiles: 4096x28672 M=160 96.8 / 90.9, M=192 104.2 / 97.6, M=256 122.4 / 117.6, M=512 (256) 218.3 /
 # 210.5; 14336x4096 M=160 51.1 / 49.3, M=192 55.3 / 52.2, M=256 64.0 / 62.1, M=512 114.5 / 109.6:
