@@ -38,10 +38,11 @@ def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def sweep(label: str, shape: tuple[str, int, int], k: int | str, ms: list[int], rows_list: list[int],
-          w: torch.Tensor, copies: list, op, path, chooser: tuple[object, str], forced) -> list[dict]:
-    """Times, per M, cuBLAS bf16 on w, the dispatched op(x, copy), path(x, copy, "dequant") and
-    path(x, copy, "wgmma") with module.attr (chooser) replaced by forced(rows) for each row tile,
-    and prints one line per M; the wgmma outputs are checked against dequantize + cuBLAS."""
+          w: torch.Tensor, copies: list, op, path, op_rows, chooser: tuple[object, str], forced) -> list[dict]:
+    """Times, per M, cuBLAS bf16 on w, the dispatched op(x, copy) (its row tile op_rows(M)),
+    path(x, copy, "dequant") and path(x, copy, "wgmma") with module.attr (chooser) replaced by
+    forced(rows) for each row tile, and prints one line per M; the wgmma outputs are checked against
+    dequantize + cuBLAS."""
     name, in_f, out_f = shape
     module, attr = chooser
     choose = getattr(module, attr)
@@ -50,8 +51,7 @@ def sweep(label: str, shape: tuple[str, int, int], k: int | str, ms: list[int], 
     for m in ms:
         x = torch.randn(m, in_f, device="cuda", dtype=torch.bfloat16)
         ref = path(x, copies[0], "dequant")
-        args = (m, (9, 0), out_f * in_f) + ((k,) if isinstance(k, int) else ())
-        r = {"shape": name, "in": in_f, "out": out_f, "k": k, "M": m, "op_rows": choose(*args)}
+        r = {"shape": name, "in": in_f, "out": out_f, "k": k, "M": m, "op_rows": op_rows(m)}
         r["cublas"] = bk.timed([(lambda wc=wc, x=x: F.linear(x, wc)) for wc in w16], x)
         r["op"] = bk.timed([(lambda c=c, x=x: op(x, c)) for c in copies], x)
         r["dequant"] = bk.timed([(lambda c=c, x=x: path(x, c, "dequant")) for c in copies], x)
@@ -80,6 +80,7 @@ def run_awq_shape(name: str, in_f: int, out_f: int, ms: list[int], rows_list: li
     return sweep(f"awq g{AWQ_GROUP}", (name, in_f, out_f), "awq", ms, rows_list, w, copies,
                  lambda x, c: ops.awq_linear(x, c[0], c[1], None, AWQ_GROUP, out_f),
                  lambda x, c, p: awq_ops.linear_path(x, c[0], c[1], None, AWQ_GROUP, out_f, p),
+                 lambda m: awq_ops.wgmma_rows(m, (9, 0), out_f * in_f),
                  (awq_ops, "wgmma_rows"), lambda rows: (lambda m, capability, weights: rows))
 
 
@@ -92,6 +93,7 @@ def run_shape(name: str, in_f: int, out_f: int, k: int, ms: list[int], rows_list
     return sweep(f"k={k}", (name, in_f, out_f), k, ms, rows_list, w, copies,
                  lambda x, c: ops.kbit_linear(x, c[0], c[1], cb, None, k, out_f),
                  lambda x, c, p: cuda_ops.linear_path(x, c[0], c[1], cb, None, k, out_f, p),
+                 lambda m: dispatch.wgmma_dense_rows(m, (9, 0), out_f * in_f, k),
                  (dispatch, "wgmma_dense_rows"), lambda rows: (lambda m, capability, weights, k: rows))
 
 

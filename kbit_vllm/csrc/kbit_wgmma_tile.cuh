@@ -43,11 +43,12 @@ struct WgCfg {
     static constexpr int kMT = kw_mt(R);                             // m64 tiles per warpgroup
     static constexpr int kNT = kw_nt(R);                             // row halves (wgmmas per m64 tile)
     static constexpr int kRH = R / kNT;                              // x rows of one wgmma (its N)
+    static constexpr int kXHalfBytes = kRH * kWgBK * 32 * 2;         // x of one row half (its own box)
     static constexpr int kTW = kMT;                                  // layout tiles per row tile
     static constexpr int kCols = kTileN * kTW;                       // features per row tile
     static constexpr int kLoadParts = 1 + 2 * kTW;                   // stage copies (kw_load_part)
     static constexpr bool kOneCta = (K == 5 && C5 == 32) || R >= 128;
-    static constexpr int kXBytes = R * kWgBK * 32 * 2;               // x rows of a stage (128-byte swizzled)
+    static constexpr int kXBytes = kNT * kXHalfBytes;                // x rows of a stage (128-byte swizzled)
     static constexpr int kTileFloats = R * kCols;
     static constexpr int kLutBytes = kw_lut_words(K, C5) * 4 + 256 * 4;   // pair table + scale table
     static constexpr int kTileWords = kWgBK * K * kTileN;          // plane words of one layout tile per stage
@@ -67,7 +68,8 @@ struct WgCfg {
     static constexpr int kBarOff = kSlotsOff + kSlots * kSlotBytes;  // one mbarrier per slot
     static constexpr int kBytes = 1024 + kBarOff + kSlots * 8;      // + alignment to 1024 bytes
     static_assert(kAhead >= 1, "a stage in flight at least");
-    static_assert(kRH <= kWgTallRows && kRH * kNT == R && (kNT == 1 || kMT == 1), "row halves only in the tall tiles");
+    static_assert(kRH <= kWgTallRows && kRH * kNT == R && (kNT == 1 || kMT == 1),
+                  "row halves only in the tall tiles");
     static_assert(kBytes <= kSmemCap, "the CTAs per SM fit");
 };
 
@@ -212,7 +214,7 @@ __device__ __forceinline__ void kw_load_part(int part, uint32_t base, uint32_t b
         ptx::mbar_arrive_expect_tx(bar, static_cast<uint32_t>(S::kXBytes + tiles * jn * (K * kTileN * 4 + kTileN)));
 #pragma unroll
         for (int h = 0; h < S::kNT; ++h)  // a box per row half (kRH rows); one past M reads as zeros
-            ptx::tma_load_2d(base + h * (S::kXBytes / S::kNT), tm_x, xcol, xrow + h * S::kRH, bar);
+            ptx::tma_load_2d(base + h * S::kXHalfBytes, tm_x, xcol, xrow + h * S::kRH, bar);
         return;
     }
     const int tw = (part - 1) >> 1;
@@ -283,8 +285,8 @@ template <typename T, int K, int R, int C5, int MT = kw_mt(R), int NT = kw_nt(R)
 __device__ __forceinline__ void kw_stage_blocks(const unsigned char* slot, uint32_t slot_s, const uint32_t* tbl,
                                                 const KwLane& L, float (&acc)[MT * NT][R / NT / 2],
                                                 uint32_t (&a)[kWgBK][2][MT][4]) {
-    constexpr int RH = R / NT;
-    constexpr uint64_t kHalfDesc = (RH * 128) >> 4;  // a row half's x rows further (128 bytes a row)
+    using S = WgCfg<K, R, C5>;
+    constexpr uint64_t kHalfDesc = S::kXHalfBytes >> 4;  // the next row half's x box (16-byte units)
     const char* tblc = reinterpret_cast<const char*>(tbl);
     const uint64_t desc0 = ptx::wgmma_desc_sw128(slot_s);
     uint32_t pw[K][2 * MT];
@@ -310,7 +312,7 @@ __device__ __forceinline__ void kw_stage_blocks(const unsigned char* slot, uint3
             for (int i = 0; i < MT; ++i)
 #pragma unroll
                 for (int h = 0; h < NT; ++h)
-                    ptx::wgmma_m64k16<T, RH>(acc[i * NT + h], a[blk][kk][i], desc + h * kHalfDesc, 1);
+                    ptx::wgmma_m64k16<T, S::kRH>(acc[i * NT + h], a[blk][kk][i], desc + h * kHalfDesc, 1);
         }
         ptx::wgmma_commit();
         kw_fence_acc(acc);
