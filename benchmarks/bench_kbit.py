@@ -138,7 +138,7 @@ def bench_shape(name: str, in_f: int, out_f: int, ks: list[int], ms: list[int], 
             x = torch.randn(m, in_f, device="cuda", dtype=dt)
             r = {"shape": name, "in": in_f, "out": out_f, "k": k, "M": m}
             small = m <= dispatch.GEMV_MAX_M
-            paths = (["gemv_sk", "gemv_cluster"] if small and k <= 4 else ["gemv_cluster"] if small else []) + [
+            paths = (["gemv_sk", "gemv_cluster"] if small else []) + [
                 "gemv_tc", "mma"] + (MMA_VARIANT_PATHS if mma_variants else []) + ["wgmma"] + (
                 ["dequant"] if m >= 8 else [])
             for path in paths:

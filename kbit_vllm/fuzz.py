@@ -336,7 +336,7 @@ class Runner:
             from .backends.cuda import ops as cops
 
             paths = ["mma", "dequant"] + (["gemv", "gemv_cluster"] if m <= 4 else [])
-            if m <= 4 and k <= 4 and ((out_f + 127) // 128) * (in_f // 32) >= cops.SK_WARPS:
+            if m <= 4 and 0 < cops.gemv_sk_warps(k) <= ((out_f + 127) // 128) * (in_f // 32):
                 paths.append("gemv_sk")
             for path in paths:
                 # "gemv_sk" forces the stream-K GEMV, whose float atomics vary run to run by design

@@ -108,7 +108,7 @@ def test_linear_all_paths(k, dtype, in_f, out_f):
     bias = torch.randn(out_f, device=DEV, dtype=dtype)
     for m in MS:
         x = torch.randn(m, in_f, device=DEV, dtype=dtype)
-        sk = k <= 4 and ((out_f + 127) // 128) * (in_f // 32) >= 8
+        sk = 0 < cuda_ops.gemv_sk_warps(k) <= ((out_f + 127) // 128) * (in_f // 32)
         paths = (["gemv", "gemv_cluster"] + (["gemv_sk"] if sk else []) if m <= 4 else []) + (
             ["mma", "mma_tw1"] if m <= 256 else []) + ["dequant"] + (["wgmma"] if cuda_ops.wgmma_ok(DEV, k) else [])
         if cuda_ops.gemv_tc_ctas(torch.device(DEV), SUFFIX[dtype], k, m, out_f, in_f // 32) > 0:
@@ -265,7 +265,7 @@ def test_bf16_activation_range(scale, path):
         _check_linear(y[r : r + 1], x[r : r + 1], w64, None, torch.bfloat16)
 
 
-@pytest.mark.parametrize("k", (2, 3, 4))
+@pytest.mark.parametrize("k", (2, 3, 4, 5))
 @pytest.mark.parametrize("in_f,out_f", ((5120, 4001), (16384, 1500), (16416, 1500), (64, 640000)))
 def test_bf16_gemv_sk_staged_x(k, in_f, out_f):
     """bf16 M=1 stream-K GEMV on layers whose CTAs get >= 12 units: each warp stages the x blocks
@@ -278,8 +278,9 @@ def test_bf16_gemv_sk_staged_x(k, in_f, out_f):
     w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64)
     nb, units = in_f // 32, ((out_f + 127) // 128) * (in_f // 32)
     ctas = cuda_ops.gemv_sk_ctas(torch.device(DEV), "bf16", k, 1, out_f, nb, forced=True)
-    warps = 8 * ctas
-    assert units >= 12 * ctas and -(-units // warps) <= 64, "the shape no longer reaches the staged-x kernel"
+    warps = cuda_ops.gemv_sk_warps(k) * ctas  # k = 5: 16 a CTA, 32 staging slots each
+    assert units >= 12 * ctas and -(-units // warps) <= 512 // cuda_ops.gemv_sk_warps(k), \
+        "the shape no longer reaches the staged-x kernel"
     bias = torch.randn(out_f, device=DEV, dtype=torch.bfloat16)
     # Per-block magnitudes 2^0..2^18 give warps different scales; a partial left at the wrong
     # scale would be off by up to 2^18 relative to its share of every output.
@@ -455,10 +456,10 @@ def test_gemv_tc_rejects():
             cuda_ops.linear_path(x, pt, at, cb, None, k, out_f, "gemv_tc")
 
 
-def _forced_path_graph_replay(path: str, m: int, dtype) -> None:
-    """A forced Hopper path (sm_90a) inside a CUDA graph: every replay is right and sees a new input,
-    so its partial-tile accumulators and counters are left zeroed between launches."""
-    k, in_f, out_f = 4, 4096, 2053
+def _forced_path_graph_replay(path: str, m: int, dtype, k: int = 4) -> None:
+    """A forced path inside a CUDA graph: every replay is right and sees a new input, so its
+    partial-tile accumulators and counters are left zeroed between launches."""
+    in_f, out_f = 4096, 2053
     if not cuda_ops.path_ok(torch.device(DEV), path, k, m):
         pytest.skip(f"{path} needs compute capability 9.0 and an sm_90a library")
     packed, absmax, cb = _weights(out_f, in_f, k)
@@ -487,6 +488,15 @@ def test_gemv_tc_graph_replay(m, dtype):
 def test_wgmma_graph_replay(m, dtype):
     """The wgmma kernel, forced, under CUDA-graph replays (_forced_path_graph_replay)."""
     _forced_path_graph_replay("wgmma", m, dtype)
+
+
+@pytest.mark.parametrize("k", (4, 5))
+@pytest.mark.parametrize("m", (1, 2, 4))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gemv_sk_graph_replay(m, dtype, k):
+    """The stream-K GEMV, forced, under CUDA-graph replays (_forced_path_graph_replay); k = 5 runs
+    its own CTA shape (16 warps, one CTA per SM beside the 128 KB pair table)."""
+    _forced_path_graph_replay("gemv_sk", m, dtype, k)
 
 
 @pytest.mark.parametrize("m", (1, 2, 64))

@@ -72,12 +72,14 @@ def _kbit_layer(k: int, dtype: torch.dtype, scale: float):
 @pytest.mark.parametrize("m", (1, 3))
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_kbit_gemv_chain(m, dtype):
-    """Stream-K and cluster GEMVs back to back (the stream-K links share one accumulator)."""
-    paths = ("gemv_sk", "gemv_sk", "gemv_cluster", "gemv_sk", "gemv_cluster", "gemv_cluster")
-    layers = [_kbit_layer(4 if i % 2 else 3, dtype, DIM ** -0.5) for i in range(len(paths))]
+    """Stream-K and cluster GEMVs back to back (the stream-K links share one accumulator; k = 5
+    runs another CTA shape than k = 3 and 4)."""
+    paths = ("gemv_sk", "gemv_sk", "gemv_cluster", "gemv_sk", "gemv_sk", "gemv_cluster", "gemv_cluster")
+    ks = (3, 4, 3, 5, 4, 5, 4)
+    layers = [_kbit_layer(k, dtype, DIM ** -0.5) for k in ks]
     links = [
-        (lambda h, p=p, L=L, k=(4 if i % 2 else 3): cuda_ops.linear_path(h, L[0], L[1], L[2], None, k, DIM, p))
-        for i, (p, L) in enumerate(zip(paths, layers, strict=True))]
+        (lambda h, p=p, L=L, k=k: cuda_ops.linear_path(h, L[0], L[1], L[2], None, k, DIM, p))
+        for p, L, k in zip(paths, layers, ks, strict=True)]
     x = torch.randn(m, DIM, device=DEV, dtype=dtype)
     _check_chain(links, [L[3] for L in layers], x, KBIT_TOL[dtype])
 

@@ -65,7 +65,7 @@ def test_kbit_gemv_rows_by_bits() -> None:
 def test_kbit_tensor_core_gemv_rows() -> None:
     """H200: the tensor-core GEMV takes M = 2..8 on the largest layers, fewer rows on smaller ones (M=2
     only above 40 M weights), never M = 1 (the stream-K GEMV), or where the Hopper kernels cannot run
-    (wgmma=False); k = 5 has its own rows (test_kbit5_hopper_rules)."""
+    (wgmma=False); k = 5 has its own rows and none of them (test_kbit5_hopper_rules)."""
     big, down, mid, small, tiny = 4096 * 28672, 14336 * 4096, 4096 * 6144, 2048 * 5120, 2048 * 512
     assert [dispatch.choose_path(m, (9, 0), big, 4, wgmma=True) for m in (1, 2, 8, 9)] == [
         "gemv", "gemv_tc", "gemv_tc", "mma"]
@@ -74,7 +74,7 @@ def test_kbit_tensor_core_gemv_rows() -> None:
         "gemv", "gemv_tc", "gemv_tc", "mma"]
     assert [dispatch.choose_path(m, (9, 0), small, 2, wgmma=True) for m in (2, 3)] == ["gemv", "gemv"]
     assert dispatch.choose_path(2, (9, 0), tiny, 4, wgmma=True) == "gemv"
-    assert dispatch.choose_path(2, (9, 0), big, 5, wgmma=True) == "gemv_tc"  # k = 5: TC_ROWS_K5
+    assert dispatch.choose_path(2, (9, 0), big, 5, wgmma=True) == "gemv"  # k = 5: the stream-K GEMV
     assert dispatch.choose_path(2, (9, 0), big, 4, wgmma=False) == "gemv"
     assert dispatch.choose_path(2, (8, 0), big, 4, wgmma=True) == "gemv"
     assert dispatch.rule_takes(((10, 2, 4),), 11, 3) and not dispatch.rule_takes(((10, 2, 4),), 10, 3)
@@ -129,27 +129,39 @@ def test_kbit_wgmma_dense_rows() -> None:
 
 
 def test_kbit5_hopper_rules() -> None:
-    """H200, k = 5 (no MMA variant 5, no stream-K GEMV): the tensor-core GEMV at M = 1..4 above 100 M
-    weights and 1..2 above 40 M, then the wgmma kernel up to 768 rows above 40 M;
-    from M = 1 up to 256 rows above
-    20 M weights, from 3 up to 192 above MMA_SMALL_LAYER and up to 64 on small layers; the
-    lane-shuffle GEMV below, dequantize + cuBLAS past them, the GEMV / MMA where the Hopper kernels
-    cannot run."""
+    """H200, k = 5 (no MMA variant 5): the GEMV (the stream-K table GEMV, by ops.SK_MIN_UNITS_K5) at
+    M = 1..3 above 100 M weights, M = 1 elsewhere (the wgmma kernel's rules start past it), then the
+    wgmma kernel up to 768 rows above 40 M weights, 256 above 20 M, 192 above MMA_SMALL_LAYER and
+    64 on small layers; dequantize + cuBLAS past them, the GEMV / MMA where the Hopper kernels
+    cannot run; the tensor-core GEMV takes no rows."""
     big, down, qkv, o, small = 4096 * 28672, 14336 * 4096, 4096 * 6144, 4096 * 4096, 2048 * 5120
-    assert [dispatch.choose_path(m, (9, 0), big, 5, wgmma=True) for m in (1, 4, 5, 64, 768, 769)] == [
-        "gemv_tc", "gemv_tc", "wgmma", "wgmma", "wgmma", "dequant"]
+    assert [dispatch.choose_path(m, (9, 0), big, 5, wgmma=True) for m in (1, 3, 4, 64, 768, 769)] == [
+        "gemv", "gemv", "wgmma", "wgmma", "wgmma", "dequant"]
     assert [dispatch.choose_path(m, (9, 0), down, 5, wgmma=True) for m in (1, 2, 3, 768, 769)] == [
-        "gemv_tc", "gemv_tc", "wgmma", "wgmma", "dequant"]
-    assert [dispatch.choose_path(m, (9, 0), qkv, 5, wgmma=True) for m in (1, 2, 256, 257)] == [
-        "wgmma", "wgmma", "wgmma", "dequant"]
-    assert [dispatch.choose_path(m, (9, 0), o, 5, wgmma=True) for m in (2, 3, 192, 193)] == [
+        "gemv", "gemv", "wgmma", "wgmma", "dequant"]
+    assert [dispatch.choose_path(m, (9, 0), qkv, 5, wgmma=True) for m in (1, 2, 3, 256, 257)] == [
+        "gemv", "gemv", "wgmma", "wgmma", "dequant"]
+    assert [dispatch.choose_path(m, (9, 0), o, 5, wgmma=True) for m in (1, 2, 192, 193)] == [
         "gemv", "wgmma", "wgmma", "dequant"]
-    assert [dispatch.choose_path(m, (9, 0), small, 5, wgmma=True) for m in (2, 3, 64, 65)] == [
+    assert [dispatch.choose_path(m, (9, 0), small, 5, wgmma=True) for m in (1, 2, 64, 65)] == [
         "gemv", "wgmma", "wgmma", "dequant"]
     assert dispatch.choose_path(8, (9, 0), None, 5, wgmma=True) == "wgmma"
     assert [dispatch.choose_path(m, (9, 0), big, 5, wgmma=False) for m in (1, 4, 5, 64, 65)] == [
         "gemv", "gemv", "mma", "mma", "dequant"]
     assert dispatch.choose_path(8, (8, 0), big, 5, wgmma=True) == "mma"
+
+
+def test_stream_k_grid() -> None:
+    """A stream-K GEMV grid is one wave where every warp gets min_units_per_warp units, else 0; with
+    a minimum of 0 (k = 5 at M=1) or forced, any grid of >= 1 unit per warp (smaller than a wave on
+    small layers), 0 where not even one CTA's warps get one."""
+    assert dispatch.stream_k_grid(132, 132 * 8 * 3, 8, 3.0) == 132
+    assert dispatch.stream_k_grid(132, 132 * 8 * 3 - 1, 8, 3.0) == 0
+    assert dispatch.stream_k_grid(132, 10**6, 8, None) == 0
+    assert dispatch.stream_k_grid(132, 256, 16, 0.0) == 16
+    assert dispatch.stream_k_grid(132, 10**6, 16, 0.0) == 132
+    assert dispatch.stream_k_grid(132, 15, 16, 0.0) == 0
+    assert dispatch.stream_k_grid(132, 256, 16, 3.0, forced=True) == 16
 
 
 def test_awq_wgmma_rules() -> None:

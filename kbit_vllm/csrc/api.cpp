@@ -29,6 +29,7 @@ int launch_gemv_sk(const void* x, const void* pt, const uint8_t* at, const float
                    int N, int nb, void* y, int ctas, float* ws, int* counters, cudaStream_t s);
 template <typename T>
 int gemv_sk_ctas_per_sm(int k, int M);
+int gemv_sk_warps(int k);
 template <typename T>
 int launch_mma(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int k, int M,
                int N, int nb, void* y, int mb, int tw, int variant, int ctas, int det, float* ws, int* counters,
@@ -174,5 +175,6 @@ KBIT_LINEAR_API(bf16, __nv_bfloat16)
 // Quantization blocks per work unit of MMA variant v (variant 0 is the default kernel; 1.. are
 // alternatives timed beside it); 0 for an unknown variant.
 int kbit_vllm_mma_stage_blocks(int variant) { return kbit::mma_stage_blocks(variant); }
+int kbit_vllm_gemv_sk_warps(int k) { return kbit::gemv_sk_warps(k); }
 
 }  // extern "C"

@@ -1,4 +1,4 @@
-// kbit stream-K GEMV, M = 1..4 rows of x, k = 2..4: y[m, n] = sum_i x[m, i] * W[n, i] (+ bias).
+// kbit stream-K GEMV, M = 1..4 rows of x, k = 2..5: y[m, n] = sum_i x[m, i] * W[n, i] (+ bias).
 //
 // Work unit = (tile of 128 rows, one 32-wide input block). The tiled layout stores the units in
 // (tile, block) order, each as k planes of 128 words, so unit u's planes start at word u * 128k.
@@ -19,6 +19,12 @@
 // tile (per-tile counter) converts the sums, writes y, and leaves accumulator and counter zero.
 // The order of those fp32 additions varies from run to run, so the low bits of y may too;
 // backends/cuda/dispatch.py picks the cluster GEMV (fixed order) in deterministic mode.
+//
+// k = 5 (SkCfg): its pair codes are 10 bits, and a table with a lane copy per bank (no conflicts,
+// as the wide table for k <= 4) takes 128 KB, so a CTA holds that table and the staged x slots
+// beside it: one CTA of 16 warps per SM (k <= 4: three of 8), 128 registers a thread at most.
+// H200 (bf16 M=1 behind a writer of x), 4096x28672 25.7 us against 43.5 for the best k=5 kernel
+// before it (the tensor-core GEMV on an 8-copy table), 1.40x the floor (k=4: 1.47x).
 #include "kbit_sk.cuh"
 #include "pdl.cuh"
 
@@ -26,12 +32,24 @@
 
 namespace kbit {
 
+// Shape of the stream-K GEMV at k bits: warps per CTA, the pair table and the staged x slots.
+template <int K>
+struct SkCfg {
+    static constexpr int kWarps = K == 5 ? 16 : kSkWarps;
+    static constexpr int kThreads = kWarps * 32;
+    static constexpr int kTblWords = K == 5 ? kSkLut5Words : kWideLutWords;
+    // Staged x: k <= 4 in the wide table's unused right halves, k = 5 after its table.
+    static constexpr int kXWords = K == 5 ? kStagedXSlots * 16 : 0;
+    static constexpr size_t kSmem = static_cast<size_t>(kTblWords + kXWords) * 4;
+    static constexpr int kXsWarpSlots = kStagedXSlots / kWarps;  // staging slots per warp
+    __device__ __forceinline__ static int x_word(int jb) { return K == 5 ? kTblWords + jb * 16 : staged_x_word(jb); }
+};
 
 // From each thread's max |x| per row: the CTA's x_pow2_scale per row. Starts and ends with a block
 // barrier's worth of ordering: call it from every thread.
-template <int M>
+template <int W, int M>
 __device__ __forceinline__ void block_scales(const float (&mx)[M], float (&xscale)[M], float (&xinv)[M]) {
-    __shared__ float red[kSkWarps][M];
+    __shared__ float red[W][M];
     __shared__ float sc[2][M];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
@@ -42,7 +60,7 @@ __device__ __forceinline__ void block_scales(const float (&mx)[M], float (&xscal
     __syncthreads();
     if (threadIdx.x < M) {
         float v = 0.f;
-        for (int w = 0; w < kSkWarps; ++w) v = fmaxf(v, red[w][threadIdx.x]);
+        for (int w = 0; w < W; ++w) v = fmaxf(v, red[w][threadIdx.x]);
         x_pow2_scale(v, sc[0][threadIdx.x], sc[1][threadIdx.x]);
     }
     __syncthreads();
@@ -54,8 +72,8 @@ __device__ __forceinline__ void block_scales(const float (&mx)[M], float (&xscal
 }
 
 // Per row m of x: bf16 -> block_scales over the whole row; fp16 x keeps scale 1. Ends with a
-// block barrier.
-template <typename T, int M>
+// block barrier. W: warps per CTA.
+template <typename T, int W, int M>
 __device__ __forceinline__ void row_scales(const T* __restrict__ x, int in_f, float (&xscale)[M], float (&xinv)[M]) {
     if constexpr (std::is_same<T, half>::value) {
         __syncthreads();
@@ -71,7 +89,7 @@ __device__ __forceinline__ void row_scales(const T* __restrict__ x, int in_f, fl
                 mx[m] = fmaxf(mx[m], bf16x8_absmax(__ldg(row + q)));
             }
         }
-        block_scales<M>(mx, xscale, xinv);
+        block_scales<W, M>(mx, xscale, xinv);
     }
 }
 
@@ -95,27 +113,29 @@ __device__ __forceinline__ void sk_store_rows(T* __restrict__ y, const T* __rest
 // M=1 us without -> with: 4096x28672 (72 units per CTA) 26.0 -> 23.3, 14336x4096 (36) 16.7 ->
 // 15.3, 4096x6144 (15.5) 9.7 -> 9.2, 4096x4096 (10) 8.0 -> 8.4, 2048x5120 (6.5) 6.6 -> 6.9.
 constexpr int kStageXMinUnits = 12;
-// Staging slots (one 32-wide block of x each) per warp: a warp with more units than this reads x
-// from global memory instead (more than 64 * 8 * CTAs units: 4096 inputs x 203k rows on an H200).
-constexpr int kXsWarpSlots = kStagedXSlots / kSkWarps;
+// Staging slots (one 32-wide block of x each) per warp (SkCfg::kXsWarpSlots): a warp with more
+// units than that reads x from global memory instead (k <= 4: more than 64 * 8 * CTAs units, 4096
+// inputs x 203k rows on an H200).
 
 // XS (bf16, M = 1, at most kXsWarpSlots units per warp): each warp stages the x blocks of its own
 // units (consecutive blocks from its first unit's, at most nb of them) as scaled fp16 in its own
-// kXsWarpSlots slots of the table rows' unused right halves (staged_x_word), at its own scale (a
-// warp max: no block barrier on the way), so the unit loop reads x from shared memory instead of
+// kXsWarpSlots slots (SkCfg::x_word), at its own scale (a warp max: no block barrier on the way),
+// so the unit loop reads x from shared memory instead of
 // every lane converting every x word of every unit. Each warp multiplies its partial sums by its
 // own inverse before they meet other warps' in the accumulator.
 template <typename T, int K, int M, bool XS = false>
-__global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
+__global__ void __launch_bounds__(SkCfg<K>::kThreads, K == 5 ? 1 : M <= 2 ? 3 : 2) gemv_sk_kernel(
     const T* __restrict__ x, const uint4* __restrict__ packed_t, const uint32_t* __restrict__ absmax_t,
     const float* __restrict__ codebook, const T* __restrict__ bias, T* __restrict__ y, int N, int nb,
     float* __restrict__ accum, int* __restrict__ counters) {
-    static_assert(K >= 2 && K <= 4, "table GEMV takes k = 2..4");
+    static_assert(K >= 2 && K <= 5, "table GEMV takes k = 2..5");
+    using C = SkCfg<K>;
+    constexpr int kXsWarpSlots = C::kXsWarpSlots;
     extern __shared__ uint4 smem_sk[];
     uint32_t* tbl = reinterpret_cast<uint32_t*>(smem_sk);
     const int lane = threadIdx.x & 31;
-    const long long warps = static_cast<long long>(gridDim.x) * kSkWarps;
-    const long long w = static_cast<long long>(blockIdx.x) * kSkWarps + (threadIdx.x >> 5);
+    const long long warps = static_cast<long long>(gridDim.x) * C::kWarps;
+    const long long w = static_cast<long long>(blockIdx.x) * C::kWarps + (threadIdx.x >> 5);
     const long long units = static_cast<long long>((N + kTileN - 1) / kTileN) * nb;
     const long long u0 = sk_start(w, units, warps), u1 = sk_start(w + 1, units, warps);
 
@@ -128,11 +148,17 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
     // took 4096x28672 23.2 -> 22.1 us, 14336x4096 15.4 -> 14.7; without XS, where x is read in the
     // unit loop, the earlier build is faster).
     const float cbl = lane_codebook<K>(codebook, lane);
+    auto build_table = [&]() {
+        if constexpr (K == 5)
+            build_k5_lut<half, kSkLut5Copies>(tbl, cbl, threadIdx.x, C::kThreads);
+        else
+            build_wide_lut_lanes<K>(tbl, cbl);
+    };
     uint4 p[K];
     uint32_t a;
     if constexpr (!XS) {
         sk_load<K>(packed_t, absmax_t, u0, lane, p, a);
-        build_wide_lut_lanes<K>(tbl, cbl);
+        build_table();
     }
     pdl_wait();
     int t = static_cast<int>(u0 / nb), j = static_cast<int>(u0 - static_cast<long long>(t) * nb);
@@ -150,7 +176,7 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
         const int cnt = static_cast<int>(u1 - u0 < nb ? u1 - u0 : nb);
         const uint4* xq = reinterpret_cast<const uint4*>(x);
         auto slot_of = [&](int q) -> uint4* {  // uint4 q of the warp's blocks: slot q / 4, quarter q % 4
-            return reinterpret_cast<uint4*>(tbl + staged_x_word(slot0 + (q >> 2))) + (q & 3);
+            return reinterpret_cast<uint4*>(tbl + C::x_word(slot0 + (q >> 2))) + (q & 3);
         };
         float mx = 0.f;
         for (int base = 0; base < cnt * 4; base += kXsLoads * 32) {  // warp-uniform
@@ -182,10 +208,10 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
             uint4* sl = slot_of(q);
             *sl = bf16x8_to_scaled_h8(*sl, xscale[0]);
         }
-        build_wide_lut_lanes<K>(tbl, cbl);
+        build_table();
         __syncthreads();
     } else {
-        row_scales<T, M>(x, nb * 32, xscale, xinv);  // synchronizes the block
+        row_scales<T, C::kWarps, M>(x, nb * 32, xscale, xinv);  // synchronizes the block
     }
 
     const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
@@ -208,7 +234,7 @@ __global__ void __launch_bounds__(kSkThreads, M <= 2 ? 3 : 2) gemv_sk_kernel(
         uint32_t an = 0;
         if (u + 1 < u1) sk_load<K>(packed_t, absmax_t, u + 1, lane, pn, an);
         if constexpr (XS) {
-            const uint4* xs = reinterpret_cast<const uint4*>(tbl + staged_x_word(slot));
+            const uint4* xs = reinterpret_cast<const uint4*>(tbl + C::x_word(slot));
             sk_unit<T, K, M, false, true>(p, a, xs, xoff, tblc, lane4, acc);
             if (++slot == slot_end) slot -= nb;
         } else {
@@ -259,12 +285,12 @@ template <typename T, int K, int M, bool XS>
 int launch_gemv_sk_kmx(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int N,
                        int nb, void* y, int ctas, float* ws, int* counters, cudaStream_t stream) {
     auto kern = gemv_sk_kernel<T, K, M, XS>;
-    constexpr size_t smem = kSkSmem;
+    constexpr size_t smem = SkCfg<K>::kSmem;
     const cudaError_t attr =
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (attr != cudaSuccess) return static_cast<int>(attr);
     cudaLaunchAttribute attrs[1];
-    const cudaLaunchConfig_t cfg = pdl_config(dim3(ctas), dim3(kSkThreads), smem, stream, attrs);
+    const cudaLaunchConfig_t cfg = pdl_config(dim3(ctas), dim3(SkCfg<K>::kThreads), smem, stream, attrs);
     const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, static_cast<const T*>(x), static_cast<const uint4*>(pt),
                                              reinterpret_cast<const uint32_t*>(at), cb, static_cast<const T*>(bias),
                                              static_cast<T*>(y), N, nb, ws, counters);
@@ -277,8 +303,9 @@ int launch_gemv_sk_km(const void* x, const void* pt, const uint8_t* at, const fl
                       int nb, void* y, int ctas, float* ws, int* counters, cudaStream_t stream) {
     if constexpr (M == 1 && std::is_same<T, __nv_bfloat16>::value) {
         const long long units = static_cast<long long>((N + kTileN - 1) / kTileN) * nb;
-        const long long warps = static_cast<long long>(ctas) * kSkWarps;
-        if (units >= static_cast<long long>(kStageXMinUnits) * ctas && (units + warps - 1) / warps <= kXsWarpSlots)
+        const long long warps = static_cast<long long>(ctas) * SkCfg<K>::kWarps;
+        if (units >= static_cast<long long>(kStageXMinUnits) * ctas &&
+            (units + warps - 1) / warps <= SkCfg<K>::kXsWarpSlots)
             return launch_gemv_sk_kmx<T, K, M, true>(x, pt, at, cb, bias, N, nb, y, ctas, ws, counters, stream);
     }
     return launch_gemv_sk_kmx<T, K, M, false>(x, pt, at, cb, bias, N, nb, y, ctas, ws, counters, stream);
@@ -296,38 +323,56 @@ int launch_gemv_sk_k(const void* x, const void* pt, const uint8_t* at, const flo
     }
 }
 
+// Warps per CTA of the stream-K GEMV at k bits (the host sizes its grid by it); 0 for other k.
+int gemv_sk_warps(int k) {
+    switch (k) {
+        case 2: return SkCfg<2>::kWarps;
+        case 3: return SkCfg<3>::kWarps;
+        case 4: return SkCfg<4>::kWarps;
+        case 5: return SkCfg<5>::kWarps;
+        default: return 0;
+    }
+}
+
 // Resident CTAs per SM of the kernel for (k, M), for sizing a one-wave grid; 0 on error.
 template <typename T>
 int gemv_sk_ctas_per_sm(int k, int M) {
     int n = 0;
     const void* f = nullptr;
-#define KBIT_SK_CASE(KK, MM) if (k == KK && M == MM) f = reinterpret_cast<const void*>(gemv_sk_kernel<T, KK, MM>);
+    int smem = 0;
+#define KBIT_SK_CASE(KK, MM)                                                  \
+    if (k == KK && M == MM) {                                                 \
+        f = reinterpret_cast<const void*>(gemv_sk_kernel<T, KK, MM>);         \
+        smem = static_cast<int>(SkCfg<KK>::kSmem);                            \
+    }
     KBIT_SK_CASE(2, 1) KBIT_SK_CASE(2, 2) KBIT_SK_CASE(2, 3) KBIT_SK_CASE(2, 4)
     KBIT_SK_CASE(3, 1) KBIT_SK_CASE(3, 2) KBIT_SK_CASE(3, 3) KBIT_SK_CASE(3, 4)
     KBIT_SK_CASE(4, 1) KBIT_SK_CASE(4, 2) KBIT_SK_CASE(4, 3) KBIT_SK_CASE(4, 4)
+    KBIT_SK_CASE(5, 1) KBIT_SK_CASE(5, 2) KBIT_SK_CASE(5, 3) KBIT_SK_CASE(5, 4)
 #undef KBIT_SK_CASE
     if (f == nullptr) return 0;
-    constexpr int smem = static_cast<int>(kSkSmem);
     if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) return 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, kSkThreads, smem) != cudaSuccess) return 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, gemv_sk_warps(k) * 32, smem) != cudaSuccess) return 0;
     return n;
 }
 template int gemv_sk_ctas_per_sm<half>(int, int);
 template int gemv_sk_ctas_per_sm<__nv_bfloat16>(int, int);
 
-// ctas * 8 warps must not exceed the units (tiles * nb); ws holds tiles * 128 * M zeroed floats and
-// counters one zeroed int per tile; both are left zeroed.
+// ctas * gemv_sk_warps(k) warps must not exceed the units (tiles * nb); ws holds tiles * 128 * M
+// zeroed floats and counters one zeroed int per tile; both are left zeroed.
 template <typename T>
 int launch_gemv_sk(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int k,
                    int M, int N, int nb, void* y, int ctas, float* ws, int* counters, cudaStream_t s) {
     if (M == 0 || N <= 0) return 0;
     const long long units = static_cast<long long>((N + kTileN - 1) / kTileN) * nb;
-    if (nb <= 0 || ctas < 1 || static_cast<long long>(ctas) * kSkWarps > units || ws == nullptr || counters == nullptr)
+    if (nb <= 0 || ctas < 1 || gemv_sk_warps(k) == 0 || static_cast<long long>(ctas) * gemv_sk_warps(k) > units ||
+        ws == nullptr || counters == nullptr)
         return static_cast<int>(cudaErrorInvalidValue);
     switch (k) {
         case 2: return launch_gemv_sk_k<T, 2>(x, pt, at, cb, bias, M, N, nb, y, ctas, ws, counters, s);
         case 3: return launch_gemv_sk_k<T, 3>(x, pt, at, cb, bias, M, N, nb, y, ctas, ws, counters, s);
         case 4: return launch_gemv_sk_k<T, 4>(x, pt, at, cb, bias, M, N, nb, y, ctas, ws, counters, s);
+        case 5: return launch_gemv_sk_k<T, 5>(x, pt, at, cb, bias, M, N, nb, y, ctas, ws, counters, s);
         default: return static_cast<int>(cudaErrorInvalidValue);
     }
 }

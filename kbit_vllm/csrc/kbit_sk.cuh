@@ -1,17 +1,19 @@
-// Stream-K GEMV building blocks (k = 2..4), shared by the dense stream-K GEMV and the grouped
-// (MoE) stream-K GEMV, and the wide pair table also used by the grouped MMA.
+// Stream-K GEMV building blocks, shared by the dense stream-K GEMV (k = 2..5) and the grouped (MoE)
+// stream-K GEMV (k = 2..4), and the wide pair table also used by the grouped MMA.
 //
 // Work unit = (tile of 128 rows, one 32-wide input block): in the tiled layout its k planes of
 // 128 words start at word unit * 128k. A lane owns 4 rows: one uint4 per plane (rows 4l..4l+3)
 // and one word of absmax per unit. A pair of codes becomes its table address in one byte permute
 // (the pair byte next to the lane's byte offset, in a table with a 256-byte row per entry), then
-// one shared load and one half2 FMA. x is read straight from global memory (a warp-uniform
-// address, so one L1 transaction per 16 bytes).
+// one shared load and one half2 FMA. k = 5 looks its 10-bit pair codes up in kbit_lut5.cuh's
+// table with 32 lane copies (128 KB: every lane reads its own bank, as in the wide table). x is
+// read straight from global memory (a warp-uniform address, so one L1 transaction per 16 bytes).
 // Partial tiles are added into a zeroed fp32 accumulator with vector reductions in L2
 // (red_add4, stream_k.cuh); the order of those additions varies from run to run.
 #pragma once
 #include "bf16_scaled.cuh"
 #include "kbit_lut.cuh"
+#include "kbit_lut5.cuh"
 #include "stream_k.cuh"
 
 #include <type_traits>
@@ -20,6 +22,8 @@ namespace kbit {
 
 constexpr int kWideLutWords = 256 * 64;  // one 256-byte row per pair code, columns 0..31 used
 constexpr size_t kSkSmem = kWideLutWords * 4;
+constexpr int kSkLut5Copies = 32;                      // k = 5: one bank per lane
+constexpr int kSkLut5Words = 1024 * kSkLut5Copies;     // 128 KB
 
 // E4M4 without a branch: normal codes are the float bits (raw << 19) + (116 << 23); for e = 0
 // that formula gives 2^-11 + m 2^-15, and the subnormal value m 2^-14 is twice the excess.
@@ -101,20 +105,30 @@ __device__ __forceinline__ int staged_x_word(int jb) { return (jb >> 1) * 64 + 3
 // kXShared: xb points into shared memory at x already in that scaled fp16 form.
 // MA >= M is the width of the caller's arrays, of which the first M rows are used (the grouped
 // GEMV runs an item of fewer rows than its pass width without touching the rest).
+// tblc is the wide table (k <= 4) or, for k = 5, the kSkLut5Copies-copy table of build_k5_lut.
 template <typename T, int K, int M, bool kScaledBf16 = false, bool kXShared = false, int MA = M>
 __device__ __forceinline__ void sk_unit(const uint4 (&p)[K], uint32_t a, const uint4* __restrict__ xb,
                                         const int (&xoff)[MA], const char* tblc, uint32_t lane4,
                                         float (&acc)[4][MA], const float* xscale = nullptr) {
     static_assert(M >= 1 && M <= MA, "rows within the caller's arrays");
     uint32_t gw[4][4];  // group words: nibble n = code of field n
+    uint32_t hi[4][4];  // k = 5: the fifth bits of each pair (k5_pair_hi)
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
         uint32_t wr[K];
 #pragma unroll
         for (int b = 0; b < K; ++b) wr[b] = r == 0 ? p[b].x : r == 1 ? p[b].y : r == 2 ? p[b].z : p[b].w;
 #pragma unroll
-        for (int g = 0; g < 4; ++g) gw[r][g] = group_word<K>(wr, g);
+        for (int g = 0; g < 4; ++g) {
+            gw[r][g] = group_word<K>(wr, g);
+            hi[r][g] = K == 5 ? k5_pair_hi(wr[K - 1], g) : 0u;
+        }
     }
+    // Byte offset of pair i of group g of row r in the table (lane column included).
+    auto off = [&](int r, int g, int i) -> uint32_t {
+        if constexpr (K == 5) return k5_lut_off<kSkLut5Copies>(gw[r][g], hi[r][g], i, lane4);
+        return wide_lut_off(gw[r][g], i, lane4);
+    };
     float s[4];
     decode_e4m4_x4(a, s);
 
@@ -149,7 +163,7 @@ __device__ __forceinline__ void sk_unit(const uint4 (&p)[K], uint32_t a, const u
             for (int r = 0; r < 4; ++r) {
 #pragma unroll
                 for (int g = 0; g < 4; ++g) {
-                    const half2 w = *reinterpret_cast<const half2*>(tblc + wide_lut_off(gw[r][g], i, lane4));
+                    const half2 w = *reinterpret_cast<const half2*>(tblc + off(r, g, i));
 #pragma unroll
                     for (int m = 0; m < M; ++m) {
                         const uint32_t xw = g == 0 ? xi[m].x : g == 1 ? xi[m].y : g == 2 ? xi[m].z : xi[m].w;
@@ -186,7 +200,7 @@ __device__ __forceinline__ void sk_unit(const uint4 (&p)[K], uint32_t a, const u
 #pragma unroll
                 for (int r = 0; r < 4; ++r) {
                     const float2 w =
-                        __half22float2(*reinterpret_cast<const half2*>(tblc + wide_lut_off(gw[r][g], i, lane4)));
+                        __half22float2(*reinterpret_cast<const half2*>(tblc + off(r, g, i)));
 #pragma unroll
                     for (int m = 0; m < M; ++m) part[r][m] = fmaf(w.y, xf[m].y, fmaf(w.x, xf[m].x, part[r][m]));
                 }

@@ -50,9 +50,9 @@ def thresholds(capability: tuple[int, int]) -> tuple[int, int]:
 def stream_k_grid(wave: int, units: int, warps_per_cta: int, min_units_per_warp: float | None,
                   forced: bool = False) -> int:
     """CTAs of a stream-K GEMV grid: one wave where every warp gets at least min_units_per_warp
-    work units, else 0 (the caller runs its other GEMV; None: never). forced (tests, benchmarks):
-    any grid with >= 1 unit per warp, 0 when even one CTA has too few."""
-    if forced:
+    work units, else 0 (the caller runs its other GEMV; None: never). forced (tests, benchmarks),
+    or min_units_per_warp 0: any grid with >= 1 unit per warp, 0 when even one CTA has too few."""
+    if forced or min_units_per_warp == 0:
         return min(wave, units // warps_per_cta)
     if min_units_per_warp is None or units < wave * warps_per_cta * min_units_per_warp:
         return 0
@@ -110,10 +110,11 @@ WGMMA_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
 WGMMA_SMALL_ROWS: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
     (9, 0): ((2 << 20, 17, 64), (0, 17, 32)),
 }
-# k = 5 (its 10-bit pair table, csrc/kbit_lut5.cuh), which has no stream-K table GEMV and no MMA
-# variant 5: rules (layer weights above, first row, last row), the first rule the layer is above
-# decides; the tensor-core GEMV's (TC_ROWS_K5) come first, the lane-shuffle GEMV and the MMA's
-# variant 2 take what neither takes. H200 2026-11-27 session 26, bf16 behind a writer of x, µs
+# k = 5 (its 10-bit pair table, csrc/kbit_lut5.cuh), which has no MMA variant 5: rules (layer weights
+# above, first row, last row), the first rule the layer is above decides; the tensor-core GEMV's
+# (TC_ROWS_K5) come first, the GEMV ("gemv": the stream-K table GEMV where ops.SK_MIN_UNITS_K5
+# allows, else the lane-shuffle one) and the MMA's variant 2 take what neither takes. H200
+# 2026-11-27 session 26, bf16 behind a writer of x, µs
 # wgmma / MMA v2 / dequantize + cuBLAS (cuBLAS bf16): 4096x28672 M=5 48.0 / 77.6, M=8 47.4 / 79.0
 # (61.7), M=64 60.5 / 99.4 (65.6), M=128 106.6 / 152.7 (dequantize), M=192 149.4 / 163.9;
 # 14336x4096 M=8 27.8 / 43.1 (34.3), M=192 82.1 / 91.6; 4096x6144 M=8 16.0 / 22.1 (16.9), M=128
@@ -136,11 +137,23 @@ WGMMA_SMALL_ROWS: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
 # tile / dequantize + cuBLAS: 4096x28672 M=512 219.9 / 236.2, M=768 315.7 / 324.8; 14336x4096
 # M=512 114.0 / 121.0, M=768 164.9 / 156.2; 4096x6144 M=384 (128-row tiles) 50.1 / 47.8. Session 33,
 # with the 320- and 384-row tiles: 14336x4096 M=640 126.2 / 138.5, M=768 140.9 / 157.1.
+# Session 34, with the k=5 stream-K table GEMV (csrc/kbit_gemv_sk.cu, 16 warps a CTA beside a 128 KB
+# table), bf16 behind a writer of x, µs stream-K / lane-shuffle / tensor-core GEMV / wgmma:
+# 4096x28672 M=1 25.7 / 50.9 / 44.2 / 46.6, M=2 36.1 / 57.8 / 45.7 / 47.6, M=3 41.7 / 65.4 / 45.1 /
+# 46.5, M=4 49.3 / 76.3 / 47.3 / 46.8; 14336x4096 M=1 15.5 / 31.8 / 26.6 / 26.0, M=2 24.3 / 34.9 /
+# 27.3 / 25.7, M=3 28.1 / 40.0 / 27.7 / 26.0; 4096x6144 M=1 9.5 / 16.0 / 15.6 / 14.7, M=2 13.8 / 18.4
+# / 16.3 / 14.6, M=3 15.8 / 21.0 / 16.5 / 14.8; 4096x4096 M=1 8.4 / 11.2 / 13.0 / 11.5, M=2 12.2 /
+# 12.0 / 13.4 / 11.5; seed 002's layers M=1 2048x5120 6.8 / 9.5 / 11.4 / 9.6, 5120x2048 8.1 / 11.5 /
+# 11.9 / 9.3, 2048x4096 7.1 / 7.3 / 10.9 / 8.6, 4096x2048 7.6 / 9.6 / 11.1 / 8.7, 2048x512 5.8 / 5.9
+# / 9.9 / 5.7; M=2 11.1 / 10.4 / 11.9 / 9.6, 13.4 / 12.7 / 12.0 / 9.4, 11.1 / 7.8 / 11.3 / 8.7, 11.5
+# / 10.6 / 11.7 / 8.8, 7.3 / 6.5 / 10.1 / 5.8. So the stream-K GEMV takes M=1 everywhere, M=2 above
+# 20 M weights and M=3 above 100 M (ops.SK_MIN_UNITS_K5), the wgmma kernel the rest from M=2 (the
+# tensor-core GEMV no longer wins a row).
 WGMMA_RULES_K5: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((40 << 20, 1, 768), (20 << 20, 1, 256), (MMA_SMALL_LAYER, 3, 192), (0, 3, 64)),
+    (9, 0): ((100 << 20, 4, 768), (40 << 20, 3, 768), (20 << 20, 3, 256), (MMA_SMALL_LAYER, 2, 192), (0, 2, 64)),
 }
 TC_ROWS_K5: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((100 << 20, 1, 4), (40 << 20, 1, 2)),
+    (9, 0): (),
 }
 
 # Layers (weights at most, first row) on which the wgmma kernel runs one CTA per SM instead of a

@@ -235,7 +235,16 @@ def gemv_config(n: int, nb: int, sms: int, cluster: bool) -> tuple[int, int, int
 
 
 _SK_OCC: dict[tuple[int, int, int, str], int] = {}
-SK_WARPS = 8  # warps per CTA of the stream-K GEMV (csrc/kbit_gemv_sk.cu)
+_SK_WARPS: dict[int, int] = {}  # k -> warps per CTA of the stream-K GEMV (csrc/kbit_gemv_sk.cu)
+
+
+def gemv_sk_warps(k: int) -> int:
+    """Warps per CTA of the stream-K GEMV at k bits (k = 5: 16, one CTA per SM beside its 128 KB
+    table), from the library; 0 where it has no kernel for k."""
+    if k not in _SK_WARPS:
+        _SK_WARPS[k] = max(0, int(LIB.kbit_vllm_gemv_sk_warps(_i(k))))
+    return _SK_WARPS[k]
+
 # M -> (tile, block) units per warp of a full wave at least for the stream-K GEMV; below, the cluster
 # GEMV wins. H200 2026-11-21 session 5 (stream-K launched with PDL), k=4 fp16, stream-K / cluster
 # µs: M=1 4096x6144 (1.9 units per warp) 8.8 / 10.0, 4096x4096 (1.3) 7.5 / 8.0; M=2 4096x6144
@@ -246,19 +255,27 @@ SK_WARPS = 8  # warps per CTA of the stream-K GEMV (csrc/kbit_gemv_sk.cu)
 # M=1 moved to 3.0 in session 17, after the table GEMV staged bf16 x as scaled fp16: behind a writer,
 # 4096x6144 bf16 10.8 / 9.7, fp16 10.6 / 9.5; 14336x4096 (4.5 units per warp) bf16 15.1 / 23.5.
 SK_MIN_UNITS: dict[int, float] = {1: 3.0, 2: 3.0, 3: 2.5, 4: 2.5}
+# k = 5 (16 warps a CTA, one CTA per SM): M=1 on any layer with a CTA's worth of units (0: a smaller
+# grid where the layer has fewer than a wave's), M=2 from 2.5 units per warp (4096x6144), M=3 from 10
+# (4096x28672), M=4 never; dispatch.WGMMA_RULES_K5 takes the rows past them. H200 session 34 (bf16
+# behind a writer, µs stream-K / best other): M=2 4096x6144 (2.9 units a warp) 13.8 / 14.6,
+# 4096x4096 (1.9) 12.2 / 11.5, 2048x5120 (1.2) 11.1 / 9.6; M=3 4096x28672 (13.6) 41.7 / 45.1,
+# 14336x4096 (6.8) 28.1 / 26.0; M=4 4096x28672 49.3 / 46.8.
+SK_MIN_UNITS_K5: dict[int, float] = {1: 0.0, 2: 2.5, 3: 10.0}
 
 
 def gemv_sk_ctas(dev: torch.device, sfx: str, k: int, m: int, out_features: int, nb: int,
                  forced: bool = False) -> int:
     """One wave of the stream-K GEMV (resident CTAs per SM x SMs); 0 where the cluster GEMV is
-    faster (fewer than SK_MIN_UNITS[m] units per warp of the wave)."""
-    if k > 4:
+    faster (fewer than SK_MIN_UNITS[m] units per warp of the wave) or there is no kernel for k."""
+    warps = gemv_sk_warps(k)
+    if warps == 0:
         return 0
     key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, m, sfx)
     if key not in _SK_OCC:
         _SK_OCC[key] = int(getattr(LIB, f"kbit_vllm_gemv_sk_ctas_per_sm_{sfx}")(_i(k), _i(m)))
-    return dispatch.stream_k_grid(_SK_OCC[key] * _sms(dev), ((out_features + 127) // 128) * nb, SK_WARPS,
-                                  SK_MIN_UNITS.get(m), forced)
+    return dispatch.stream_k_grid(_SK_OCC[key] * _sms(dev), ((out_features + 127) // 128) * nb, warps,
+                                  (SK_MIN_UNITS_K5 if k == 5 else SK_MIN_UNITS).get(m), forced)
 
 
 # Tensor-core GEMV (csrc/kbit_gemv_tc.cu, Hopper, k <= 5): a work unit is one (128-feature layout
@@ -292,8 +309,9 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
     """y [M, out] for a contiguous 2-D fp16/bf16 x through one named kernel path.
 
     Public so tests and benchmarks can exercise every path; kbit_linear picks the path itself.
-    "gemv" is the stream-K table GEMV for k <= 4 where the layer has enough units (outside
-    deterministic mode), else the cluster GEMV; "gemv_sk" and "gemv_cluster" name one of them.
+    "gemv" is the stream-K table GEMV where the layer has enough units (SK_MIN_UNITS, k = 5:
+    SK_MIN_UNITS_K5; outside deterministic mode), else the cluster GEMV; "gemv_sk" and
+    "gemv_cluster" name one of them.
     "mma" is the stream-K tensor-core kernel (dispatch.mma_variant(m)) with its default row-tile
     width; "mma_tw1" and "mma_tw2" force the default kernel at 128 or 256 features per row tile;
     "mma_v1".. force a kernel variant (MMA_VARIANTS). "wgmma" is the Hopper kernel (wgmma_ok);
@@ -318,7 +336,8 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
     use_sk = (path == "gemv" and not dispatch.deterministic()) or path == "gemv_sk"
     ctas = gemv_sk_ctas(dev, sfx, k, m, out_features, nb, forced=path == "gemv_sk") if use_sk else 0
     if path == "gemv_sk" and ctas == 0:
-        raise ValueError(f"kbit_linear gemv_sk path takes k <= 4 and >= {SK_WARPS} (tile, block) units, "
+        raise ValueError(f"kbit_linear gemv_sk path takes k <= 5 and at least one CTA's warps "
+                         f"({gemv_sk_warps(k)}) of (tile, block) units, "
                          f"got k={k}, units={((out_features + 127) // 128) * nb}")
     # The stream-K GEMVs (CUDA-core and tensor-core) share a signature: a one-wave grid, a zeroed fp32
     # accumulator row per x row and a counter per layout tile (both left zeroed).
