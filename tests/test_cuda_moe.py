@@ -151,7 +151,7 @@ def test_kbit_grouped_deterministic_mode(k, dtype, gen, monkeypatch):
                 assert torch.equal(again, first), f"rows={rows} {path} bm={bm}: not deterministic"
 
 
-@pytest.mark.parametrize("k", (2, 4))
+@pytest.mark.parametrize("k", (2, 4, 5))
 def test_kbit_grouped_gemv_bf16_rows_of_mixed_magnitude(k, gen):
     """bf16 x whose rows span 2^-14 .. 2^14 in scale (and reach past fp16's range): the stream-K and
     slot GEMVs turn bf16 x into fp16 times a power of two per staged row, so each row is checked on

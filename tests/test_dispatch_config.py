@@ -352,10 +352,21 @@ def test_kbit_grouped_wgmma_rows() -> None:
     assert dispatch.grouped_wgmma_rows(512, 128, (9, 0))      # Qwen3-MoE at 64 tokens: 4 per expert
     assert not dispatch.grouped_wgmma_rows(128, 128, (9, 0))  # 1 row per expert: the GEMV
     assert not dispatch.grouped_wgmma_rows(4096, 8, (8, 0))
-    # k = 5: also from 32 rows over many experts (its only GEMV there is the lane-shuffle slot GEMV)
-    assert dispatch.grouped_wgmma_rows(32, 128, (9, 0), k=5)     # Qwen3-MoE at 4 tokens
-    assert not dispatch.grouped_wgmma_rows(32, 128, (9, 0))
-    assert not dispatch.grouped_wgmma_rows(16, 128, (9, 0), k=5)  # 2 tokens: the GEMV
+    # k = 5 alike (its stream-K GEMV beats the wgmma kernel at one row per expert)
+    assert not dispatch.grouped_wgmma_rows(32, 128, (9, 0), k=5)  # Qwen3-MoE at 4 tokens: the GEMV
+    assert not dispatch.grouped_wgmma_rows(128, 128, (9, 0), k=5)
+    assert dispatch.grouped_wgmma_rows(512, 128, (9, 0), k=5)
     assert not dispatch.grouped_wgmma_rows(32, 8, (9, 0), k=5)    # seed 002 at 4 tokens: the GEMV
     assert dispatch.grouped_wgmma_rows(64, 8, (9, 0), k=5)
     assert not dispatch.grouped_wgmma_rows(4096, 128, (8, 0), k=5)
+
+
+def test_kbit_grouped_slot_gemv_units() -> None:
+    """H200: the grouped GEMV path takes the slot GEMV over stream-K up to 4096 (slot, tile, block)
+    units for k <= 4 and 2048 for k = 5 (whose slot GEMV decodes by lane shuffle)."""
+    qwen_t1 = (8, 6, 64)   # Qwen3-MoE gate at 1 token: 3072 units
+    seed_t1 = (8, 4, 64)   # seed 002's 8 experts at 1 token: 2048
+    assert dispatch.grouped_slot_gemv(*qwen_t1, (9, 0)) and dispatch.grouped_slot_gemv(*qwen_t1, (9, 0), 4)
+    assert not dispatch.grouped_slot_gemv(*qwen_t1, (9, 0), 5)
+    assert dispatch.grouped_slot_gemv(*seed_t1, (9, 0), 5)
+    assert not dispatch.grouped_slot_gemv(16, 6, 64, (9, 0), 4)

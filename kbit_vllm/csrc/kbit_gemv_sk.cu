@@ -32,18 +32,9 @@
 
 namespace kbit {
 
-// Shape of the stream-K GEMV at k bits: warps per CTA, the pair table and the staged x slots.
+// Shape of the stream-K GEMV at k bits (kbit_sk.cuh SkLayout): 16 warps for k = 5, else kSkWarps.
 template <int K>
-struct SkCfg {
-    static constexpr int kWarps = K == 5 ? 16 : kSkWarps;
-    static constexpr int kThreads = kWarps * 32;
-    static constexpr int kTblWords = K == 5 ? kSkLut5Words : kWideLutWords;
-    // Staged x: k <= 4 in the wide table's unused right halves, k = 5 after its table.
-    static constexpr int kXWords = K == 5 ? kStagedXSlots * 16 : 0;
-    static constexpr size_t kSmem = static_cast<size_t>(kTblWords + kXWords) * 4;
-    static constexpr int kXsWarpSlots = kStagedXSlots / kWarps;  // staging slots per warp
-    __device__ __forceinline__ static int x_word(int jb) { return K == 5 ? kTblWords + jb * 16 : staged_x_word(jb); }
-};
+using SkCfg = SkLayout<K, K == 5 ? 16 : kSkWarps>;
 
 // From each thread's max |x| per row: the CTA's x_pow2_scale per row. Starts and ends with a block
 // barrier's worth of ordering: call it from every thread.
@@ -148,17 +139,11 @@ __global__ void __launch_bounds__(SkCfg<K>::kThreads, K == 5 ? 1 : M <= 2 ? 3 : 
     // took 4096x28672 23.2 -> 22.1 us, 14336x4096 15.4 -> 14.7; without XS, where x is read in the
     // unit loop, the earlier build is faster).
     const float cbl = lane_codebook<K>(codebook, lane);
-    auto build_table = [&]() {
-        if constexpr (K == 5)
-            build_k5_lut<half, kSkLut5Copies>(tbl, cbl, threadIdx.x, C::kThreads);
-        else
-            build_wide_lut_lanes<K>(tbl, cbl);
-    };
     uint4 p[K];
     uint32_t a;
     if constexpr (!XS) {
         sk_load<K>(packed_t, absmax_t, u0, lane, p, a);
-        build_table();
+        sk_build_table<K>(tbl, cbl, C::kThreads);
     }
     pdl_wait();
     int t = static_cast<int>(u0 / nb), j = static_cast<int>(u0 - static_cast<long long>(t) * nb);
@@ -208,7 +193,7 @@ __global__ void __launch_bounds__(SkCfg<K>::kThreads, K == 5 ? 1 : M <= 2 ? 3 : 
             uint4* sl = slot_of(q);
             *sl = bf16x8_to_scaled_h8(*sl, xscale[0]);
         }
-        build_table();
+        sk_build_table<K>(tbl, cbl, C::kThreads);
         __syncthreads();
     } else {
         row_scales<T, C::kWarps, M>(x, nb * 32, xscale, xinv);  // synchronizes the block

@@ -1,4 +1,4 @@
-// kbit grouped stream-K GEMV (MoE, few rows per expert, k = 2..4): for every expert e and each of
+// kbit grouped stream-K GEMV (MoE, few rows per expert, k = 2..5): for every expert e and each of
 // its rows r, y[r, :] = x[r, :] @ W_e^T, all experts in one launch, reading the stacked tiled
 // layout packed_tiled [E, n_tiles, nb, k, 128] / absmax_tiled [E, n_tiles, nb, 128].
 //
@@ -24,6 +24,8 @@
 // bf16 x (vLLM's MoE dtype) is staged per CTA as scaled fp16 (XS, gsx_* below) wherever the grid
 // bounds what a CTA stages, so bf16 runs fp16's half2 loop; H200 (benchmarks/RESULTS.md, session
 // 16) qwen128 k=4 gate bf16 T=16 41.6 -> 33.2 us (fp16 32.4), T=8 25.9 -> 22.7.
+// k = 5 looks its pair codes up in the 128 KB 32-copy table (SkLayout), one CTA of 16 warps per SM,
+// as the dense stream-K GEMV does (GskCfg).
 #include "kbit_sk.cuh"
 #include "moe_common.cuh"
 #include "pdl.cuh"
@@ -36,6 +38,13 @@ namespace kbit {
 namespace {
 
 constexpr long long kGskMinUnits = 2;  // units per warp at least, so the table build is amortized
+
+#ifndef KBIT_GSK_W16
+#define KBIT_GSK_W16 0
+#endif
+// Shape of the grouped stream-K GEMV at k bits (kbit_sk.cuh SkLayout).
+template <int K>
+using GskCfg = SkLayout<K, K == 5 || KBIT_GSK_W16 ? 16 : kSkWarps>;
 
 template <typename T, int M>
 __device__ __forceinline__ void gsk_store(T* __restrict__ y, int N, int frow, int m0, int mr, const float (&v)[4][M]) {
@@ -66,30 +75,31 @@ __device__ __forceinline__ void gsk_unit(int mr, const uint4 (&p)[K], uint32_t a
 
 // XS staging (bf16 x): the x rows of the items a CTA's units belong to, only the blocks those units
 // read, once per CTA as fp16 times a power of two per row (x_pow2_scale of that row's staged
-// blocks), in the wide table's unused right halves (staged_x_word), so the unit loop runs sk_unit's
+// blocks), in the slots of SkLayout::x_word (k <= 4: the wide table's unused right halves), so the unit loop runs sk_unit's
 // half2 loop on shared x instead of the fp32 path on global bf16 x. Item i of the CTA (i = item -
-// first item of the CTA, at most kGsxItems) stages its rows' blocks jb0, jb0 + 1, ... (mod nb),
+// first item of the CTA, at most one per warp) stages its rows' blocks jb0, jb0 + 1, ... (mod nb),
 // span of them, row m at slot base + m * stride (stride = span rounded up to even, so a row is a
 // fixed uint4 offset from the previous one). The host launches XS only where the bound on the CTA's
 // units keeps that within kStagedXSlots (gsx_wins).
-constexpr int kGsxItems = kSkWarps;  // one warp finds each item's rows
-
-template <int M>
+// Items staged by a CTA of W warps: at most W (one warp finds each item's rows).
+template <int M, int W>
 struct GsxItems {
-    int row0[kGsxItems];    // x row of the item's first row
-    int rows[kGsxItems];    // its rows (1..M)
-    int expert[kGsxItems];  // its expert
-    int jb0[kGsxItems];     // first staged block
-    int span[kGsxItems];    // staged blocks per row
-    int base[kGsxItems];    // slot of row 0's first staged block
-    unsigned mx[kGsxItems * M];  // max |x| per staged row, as float bits
+    int row0[W];    // x row of the item's first row
+    int rows[W];    // its rows (1..M)
+    int expert[W];  // its expert
+    int jb0[W];     // first staged block
+    int span[W];    // staged blocks per row
+    int base[W];    // slot of row 0's first staged block
+    unsigned mx[W * M];  // max |x| per staged row, as float bits
 };
+template <int K, int M>
+using GsxOf = GsxItems<M, GskCfg<K>::kWarps>;
 
 __device__ __forceinline__ int gsx_stride(int span) { return (span + 1) & ~1; }
 
 // (item index in the CTA, row, staged block) of uint4 q of item i's staging and its shared word.
-template <int M>
-__device__ __forceinline__ void gsx_slot(const GsxItems<M>& g, int i, int q, int nb, int& m, int& x_uint4,
+template <int K, int M>
+__device__ __forceinline__ void gsx_slot(const GsxOf<K, M>& g, int i, int q, int nb, int& m, int& x_uint4,
                                          int& word) {
     const int per_row = g.span[i] * 4;
     m = q / per_row;
@@ -97,17 +107,17 @@ __device__ __forceinline__ void gsx_slot(const GsxItems<M>& g, int i, int q, int
     int jb = g.jb0[i] + b;
     if (jb >= nb) jb -= nb;
     x_uint4 = (g.row0[i] + m) * nb * 4 + jb * 4 + (rem & 3);
-    word = staged_x_word(g.base[i] + m * gsx_stride(g.span[i]) + b) + 4 * (rem & 3);
+    word = GskCfg<K>::x_word(g.base[i] + m * gsx_stride(g.span[i]) + b) + 4 * (rem & 3);
 }
 
 // Every thread of the CTA: the items of units [c0, c1) and their staging slots (n_it of them).
 // Ends with a block barrier.
-template <int M>
-__device__ __forceinline__ void gsx_items(GsxItems<M>& g, const int* offs, int n_exp, int rows, int nb,
+template <int K, int M>
+__device__ __forceinline__ void gsx_items(GsxOf<K, M>& g, const int* offs, int n_exp, int rows, int nb,
                                           long long per_item, long long c0, long long c1, int n_it) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int item_a = static_cast<int>(c0 / per_item);
-    if (n_it > kGsxItems) __trap();  // the host's bound (gsx_wins) excludes it
+    if (n_it > GskCfg<K>::kWarps) __trap();  // the host's bound (gsx_wins) excludes it
     if (warp < n_it) {
         const int item = item_a + warp;
         moe::Item it;
@@ -122,7 +132,7 @@ __device__ __forceinline__ void gsx_items(GsxItems<M>& g, const int* offs, int n
             g.span[warp] = static_cast<int>(min(static_cast<long long>(nb), ub - ua));
         }
     }
-    if (threadIdx.x < kGsxItems * M) g.mx[threadIdx.x] = 0u;
+    if (threadIdx.x < GskCfg<K>::kWarps * M) g.mx[threadIdx.x] = 0u;
     __syncthreads();
     if (threadIdx.x == 0) {
         int slots = 0;
@@ -139,7 +149,7 @@ __device__ __forceinline__ void gsx_items(GsxItems<M>& g, const int* offs, int n
 // lane codebook under the first loads; x_in() runs once this thread's x words are in, before the
 // first barrier. Ends with a block barrier.
 template <int K, int M, typename XIn>
-__device__ __forceinline__ void gsx_fill(GsxItems<M>& g, uint32_t* tbl, float cbl, const __nv_bfloat16* x, int nb,
+__device__ __forceinline__ void gsx_fill(GsxOf<K, M>& g, uint32_t* tbl, float cbl, const __nv_bfloat16* x, int nb,
                                          int n_it, XIn x_in) {
     // Raw bf16 words into their slots and each row's max, up to kLoads uint4 per thread in flight.
     constexpr int kLoads = 4;
@@ -157,12 +167,12 @@ __device__ __forceinline__ void gsx_fill(GsxItems<M>& g, uint32_t* tbl, float cb
                 word[r] = -1;
                 if (q < n_q) {
                     int xu;
-                    gsx_slot<M>(g, i, q, nb, m[r], xu, word[r]);
+                    gsx_slot<K, M>(g, i, q, nb, m[r], xu, word[r]);
                     v[r] = __ldg(x4 + xu);
                 }
             }
             if (!built) {  // under the first round's loads
-                build_wide_lut_lanes<K>(tbl, cbl);
+                sk_build_table<K>(tbl, cbl, nt);
                 built = true;
             }
 #pragma unroll
@@ -182,7 +192,7 @@ __device__ __forceinline__ void gsx_fill(GsxItems<M>& g, uint32_t* tbl, float cb
         const int n_q = g.rows[i] * g.span[i] * 4;
         for (int q = static_cast<int>(threadIdx.x); q < n_q; q += nt) {
             int m, xu, word;
-            gsx_slot<M>(g, i, q, nb, m, xu, word);
+            gsx_slot<K, M>(g, i, q, nb, m, xu, word);
             float sc, inv;
             x_pow2_scale(__uint_as_float(g.mx[i * M + m]), sc, inv);
             uint4* s4 = reinterpret_cast<uint4*>(tbl + word);
@@ -193,14 +203,16 @@ __device__ __forceinline__ void gsx_fill(GsxItems<M>& g, uint32_t* tbl, float cb
 }
 
 template <typename T, int K, int M, bool XS>
-__global__ void __launch_bounds__(kSkThreads, M == 1 ? 3 : 2) grouped_gemv_sk_kernel(
+__global__ void __launch_bounds__(GskCfg<K>::kThreads, GskCfg<K>::kWarps > kSkWarps ? 1 : M == 1 ? 3 : 2)
+grouped_gemv_sk_kernel(
     const T* __restrict__ x, const uint4* __restrict__ packed_t, const uint32_t* __restrict__ absmax_t,
     const float* __restrict__ codebook, const int* __restrict__ offs, T* __restrict__ y, int n_exp, int rows, int N,
     int nb, int max_items, float* __restrict__ accum, int* __restrict__ counters) {
-    static_assert(K >= 2 && K <= 4, "table GEMV takes k = 2..4");
+    static_assert(K >= 2 && K <= 5, "table GEMV takes k = 2..5");
     static_assert(!XS || std::is_same<T, __nv_bfloat16>::value, "XS stages bf16 x");
+    constexpr int W = GskCfg<K>::kWarps;
     extern __shared__ uint4 smem_gsk[];
-    __shared__ GsxItems<M> gsx;
+    __shared__ GsxOf<K, M> gsx;
     uint32_t* tbl = reinterpret_cast<uint32_t*>(smem_gsk);
     const int lane = threadIdx.x & 31;
     const int n_tiles = (N + kTileN - 1) / kTileN;
@@ -209,17 +221,21 @@ __global__ void __launch_bounds__(kSkThreads, M == 1 ? 3 : 2) grouped_gemv_sk_ke
     // The table while the previous kernel may still run; offs, x, y after (pdl.cuh). XS builds it
     // from the lane codebook under its first loads of x instead (as the dense GEMV's XS).
     float cbl = 0.f;
-    if constexpr (XS)
+    if constexpr (XS || K == 5)
         cbl = lane_codebook<K>(codebook, lane);
-    else
-        build_wide_lut<K>(tbl, codebook);
+    if constexpr (!XS) {
+        if constexpr (K == 5)
+            sk_build_table<K>(tbl, cbl, GskCfg<K>::kThreads);
+        else
+            build_wide_lut<K>(tbl, codebook);
+    }
     pdl_wait();
     const int items = min(moe::count_items(offs, n_exp, rows, M), max_items);  // grid-uniform
     const long long units = items * per_item;
     const long long warps =
-        min(static_cast<long long>(gridDim.x) * kSkWarps, max(1LL, units / kGskMinUnits));  // ranges never empty
-    if (units == 0 || static_cast<long long>(blockIdx.x) * kSkWarps >= warps) return;  // CTA-uniform
-    const long long w = static_cast<long long>(blockIdx.x) * kSkWarps + (threadIdx.x >> 5);
+        min(static_cast<long long>(gridDim.x) * W, max(1LL, units / kGskMinUnits));  // ranges never empty
+    if (units == 0 || static_cast<long long>(blockIdx.x) * W >= warps) return;  // CTA-uniform
+    const long long w = static_cast<long long>(blockIdx.x) * W + (threadIdx.x >> 5);
     const bool active = w < warps;  // warp-uniform
 
     long long u0 = 0, u1 = 0;
@@ -236,11 +252,11 @@ __global__ void __launch_bounds__(kSkThreads, M == 1 ? 3 : 2) grouped_gemv_sk_ke
     }
     int item_a = 0;  // XS: the CTA's first item
     if constexpr (XS) {
-        const long long cw0 = static_cast<long long>(blockIdx.x) * kSkWarps;
-        const long long c0 = sk_start(cw0, units, warps), c1 = sk_start(min(cw0 + kSkWarps, warps), units, warps);
+        const long long cw0 = static_cast<long long>(blockIdx.x) * W;
+        const long long c0 = sk_start(cw0, units, warps), c1 = sk_start(min(cw0 + W, warps), units, warps);
         item_a = static_cast<int>(c0 / per_item);
         const int n_it = static_cast<int>((c1 - 1) / per_item) - item_a + 1;
-        gsx_items<M>(gsx, offs, n_exp, rows, nb, per_item, c0, c1, n_it);
+        gsx_items<K, M>(gsx, offs, n_exp, rows, nb, per_item, c0, c1, n_it);
         // The first unit's weights once this thread's x is in, under the barriers and the scaling:
         // requested before, they queue ahead of other CTAs' x (the dense GEMV's XS, session 22).
         if (active) expert = gsx.expert[item - item_a];
@@ -275,7 +291,8 @@ __global__ void __launch_bounds__(kSkThreads, M == 1 ? 3 : 2) grouped_gemv_sk_ke
             mr = gsx.rows[i];
             s_base = gsx.base[i];
             s_jb0 = gsx.jb0[i];
-            s_row4 = gsx_stride(gsx.span[i]) * 8;
+            // uint4 from one staged row to the next: stride slots (k <= 4: 32 words a slot pair apart)
+            s_row4 = (GskCfg<K>::x_word(gsx_stride(gsx.span[i])) - GskCfg<K>::x_word(0)) / 4;
 #pragma unroll
             for (int m = 0; m < M; ++m) {
                 float sc;
@@ -328,7 +345,7 @@ __global__ void __launch_bounds__(kSkThreads, M == 1 ? 3 : 2) grouped_gemv_sk_ke
         if constexpr (XS) {
             int d = j - s_jb0;
             if (d < 0) d += nb;
-            xb = reinterpret_cast<const uint4*>(tbl + staged_x_word(s_base + d));
+            xb = reinterpret_cast<const uint4*>(tbl + GskCfg<K>::x_word(s_base + d));
 #pragma unroll
             for (int m = 0; m < M; ++m) xoff[m] = min(m, mr - 1) * s_row4;
         } else {
@@ -396,6 +413,7 @@ const void* gsk_pick(int k, int m, bool xs) {
     KBIT_GSK_CASE(2, 1) KBIT_GSK_CASE(2, 2) KBIT_GSK_CASE(2, 3) KBIT_GSK_CASE(2, 4)
     KBIT_GSK_CASE(3, 1) KBIT_GSK_CASE(3, 2) KBIT_GSK_CASE(3, 3) KBIT_GSK_CASE(3, 4)
     KBIT_GSK_CASE(4, 1) KBIT_GSK_CASE(4, 2) KBIT_GSK_CASE(4, 3) KBIT_GSK_CASE(4, 4)
+    KBIT_GSK_CASE(5, 1) KBIT_GSK_CASE(5, 2) KBIT_GSK_CASE(5, 3) KBIT_GSK_CASE(5, 4)
 #undef KBIT_GSK_CASE
     return nullptr;
 }
@@ -404,34 +422,58 @@ const void* gsk_pick(int k, int m, bool xs) {
 // warps of the grid)) units (the kernel's warps = min(grid warps, units / kGskMinUnits)), so a CTA's
 // at most 8 times that; such a range of consecutive units touches at most n_it items, and stages at
 // most mp rows of min(units, nb) blocks (+1 for the even stride) per item.
-// XS also needs kGsxMinUnits units per CTA at the most items: with fewer the staging round trip and
-// barriers cost what the half2 loop saves (H200, qwen128 k=4 bf16, 8 rows = 16 units per CTA: gate
-// 8.8 / 8.9 us in bench_moe, 12.0 / 12.5 us per layer behind vLLM's kernels; 16 rows (31 per CTA)
-// 11.4 / 11.2, 32 rows 17.2 / 15.8).
-constexpr long long kGsxMinUnits = 24;
+// XS also needs kGsxMinHalfUnits / 2 units per warp of a CTA at the most items: with fewer the
+// staging round trip and barriers cost what the half2 loop saves (H200, qwen128 k=4 bf16 (8 warps a
+// CTA), 8 rows = 16 units per CTA: gate 8.8 / 8.9 us in bench_moe, 12.0 / 12.5 us per layer behind
+// vLLM's kernels; 16 rows (31 per CTA) 11.4 / 11.2, 32 rows 17.2 / 15.8; k=5 (16 warps), 8 rows =
+// 32 units per CTA: gate 11.3 / 10.0, 16 rows (46.5) 11.0 / 11.8).
+constexpr long long kGsxMinHalfUnits = 5;
 
-bool gsx_wins(int mp, int max_items, int n_tiles, int nb, int ctas) {
+bool gsx_wins(int mp, int max_items, int n_tiles, int nb, int ctas, int warps) {
     const long long per_item = static_cast<long long>(n_tiles) * nb;
     const long long units = static_cast<long long>(max_items) * per_item;
-    const long long grid_warps = static_cast<long long>(ctas) * kSkWarps;
-    if (units < kGsxMinUnits * ctas) return false;
-    const long long range = kSkWarps * std::max(3LL, (units + grid_warps - 1) / grid_warps);
+    const long long grid_warps = static_cast<long long>(ctas) * warps;
+    if (2 * units < kGsxMinHalfUnits * ctas * warps) return false;
+    const long long range = warps * std::max(3LL, (units + grid_warps - 1) / grid_warps);
     const long long n_it = (range - 1 + per_item - 1) / per_item + 1;
-    if (n_it > kGsxItems) return false;
+    if (n_it > warps) return false;
     return mp * std::min(range + n_it, n_it * (nb + 1LL)) <= kStagedXSlots;
 }
 
+// Dynamic shared memory of the kernel at k bits (0: no kernel).
+int gsk_smem(int k) {
+    switch (k) {
+        case 2: return static_cast<int>(GskCfg<2>::kSmem);
+        case 3: return static_cast<int>(GskCfg<3>::kSmem);
+        case 4: return static_cast<int>(GskCfg<4>::kSmem);
+        case 5: return static_cast<int>(GskCfg<5>::kSmem);
+        default: return 0;
+    }
+}
+
 }  // namespace
+
+// Warps per CTA of the grouped stream-K GEMV at k bits (the host sizes its grid by it); 0 for other k.
+int grouped_gemv_sk_warps(int k) {
+    switch (k) {
+        case 2: return GskCfg<2>::kWarps;
+        case 3: return GskCfg<3>::kWarps;
+        case 4: return GskCfg<4>::kWarps;
+        case 5: return GskCfg<5>::kWarps;
+        default: return 0;
+    }
+}
 
 // Resident CTAs per SM of the kernel for (k, rows per pass), for sizing a one-wave grid; 0 on error.
 template <typename T>
 int grouped_gemv_sk_ctas_per_sm(int k, int mp) {
     const void* f = gsk_pick<T>(k, mp, false);  // XS: the same registers bound, 0.2 KB more static shared
     if (f == nullptr) return 0;
-    constexpr int smem = static_cast<int>(kSkSmem);
+    const int smem = gsk_smem(k);
     int n = 0;
     if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) return 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, kSkThreads, smem) != cudaSuccess) return 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, grouped_gemv_sk_warps(k) * 32, smem) != cudaSuccess)
+        return 0;
     return n;
 }
 
@@ -446,10 +488,12 @@ int launch_grouped_gemv_sk(const void* x, const void* pt, const uint8_t* at, con
     if (nb <= 0 || n_exp <= 0 || max_items < 1 || ctas < 1 || accum == nullptr || counters == nullptr)
         return static_cast<int>(cudaErrorInvalidValue);
     const int n_tiles = (N + kTileN - 1) / kTileN;
-    const bool xs = std::is_same<T, __nv_bfloat16>::value && gsx_wins(mp, max_items, n_tiles, nb, ctas);
+    const int warps = grouped_gemv_sk_warps(k);
+    const bool xs = std::is_same<T, __nv_bfloat16>::value && warps > 0 &&
+                    gsx_wins(mp, max_items, n_tiles, nb, ctas, warps);
     const void* f = gsk_pick<T>(k, mp, xs);
     if (f == nullptr) return static_cast<int>(cudaErrorInvalidValue);
-    constexpr int smem = static_cast<int>(kSkSmem);
+    const int smem = gsk_smem(k);
     const cudaError_t attr = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (attr != cudaSuccess) return static_cast<int>(attr);
     const T* xt = static_cast<const T*>(x);
@@ -458,7 +502,8 @@ int launch_grouped_gemv_sk(const void* x, const void* pt, const uint8_t* at, con
     T* yt = static_cast<T*>(y);
     void* args[] = {&xt, &p4, &a4, &cb, &offs, &yt, &n_exp, &rows, &N, &nb, &max_items, &accum, &counters};
     cudaLaunchAttribute attrs[1];
-    const cudaLaunchConfig_t cfg = pdl_config(dim3(static_cast<unsigned>(ctas)), dim3(kSkThreads), smem, stream, attrs);
+    const cudaLaunchConfig_t cfg =
+        pdl_config(dim3(static_cast<unsigned>(ctas)), dim3(static_cast<unsigned>(warps * 32)), smem, stream, attrs);
     const cudaError_t e = cudaLaunchKernelExC(&cfg, f, args);
     if (e != cudaSuccess) return static_cast<int>(e);
     KBIT_RETURN_LAUNCH_STATUS();

@@ -98,6 +98,31 @@ __device__ __forceinline__ void sk_load(const uint4* __restrict__ P, const uint3
 constexpr int kStagedXSlots = 512;
 __device__ __forceinline__ int staged_x_word(int jb) { return (jb >> 1) * 64 + 32 + (jb & 1) * 16; }
 
+// Shared memory of a stream-K GEMV (dense and grouped) at k bits with W warps a CTA: the pair table
+// (k <= 4 the wide table, k = 5 the kSkLut5Copies-copy one), then for k = 5 the kStagedXSlots
+// staged x slots (k <= 4 keeps them in the wide table's unused right halves: staged_x_word).
+template <int K, int W>
+struct SkLayout {
+    static constexpr int kWarps = W;
+    static constexpr int kThreads = W * 32;
+    static constexpr int kTblWords = K == 5 ? kSkLut5Words : kWideLutWords;
+    static constexpr int kXWords = K == 5 ? kStagedXSlots * 16 : 0;
+    static constexpr size_t kSmem = static_cast<size_t>(kTblWords + kXWords) * 4;
+    static constexpr int kXsWarpSlots = kStagedXSlots / W;  // staging slots per warp (dense GEMV)
+    // Word offset of staged x slot jb (64 bytes: one block of 32 fp16).
+    __device__ __forceinline__ static int x_word(int jb) { return K == 5 ? kTblWords + jb * 16 : staged_x_word(jb); }
+};
+
+// The pair table of SkLayout<K, W> from the lane codebook (lane_codebook<K>) by shuffles; every
+// thread of the CTA's full warps (nthreads of them) calls it, the caller's barrier publishes it.
+template <int K>
+__device__ __forceinline__ void sk_build_table(uint32_t* tbl, float cbl, int nthreads) {
+    if constexpr (K == 5)
+        build_k5_lut<half, kSkLut5Copies>(tbl, cbl, threadIdx.x, nthreads);
+    else
+        build_wide_lut_lanes<K>(tbl, cbl);
+}
+
 // acc[r][m] += (row 4*lane + r of this unit) . x row m of the unit's block; that row's 32 values
 // are the uint4s xb[xoff[m] + 0..3] (xoff lets a caller repeat a row for masked passes).
 // kScaledBf16: bf16 x is turned into fp16 times xscale[m] (a power of two that keeps the row

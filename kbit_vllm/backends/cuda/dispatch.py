@@ -511,12 +511,18 @@ GROUPED_SLOT_MAX_UNITS: dict[tuple[int, int], int] = {
     (9, 0): 4096,
 }
 GROUPED_SLOT_MAX_UNITS_DEFAULT = 4096
+# k = 5, whose slot GEMV decodes by lane shuffle (its stream-K GEMV by the 32-copy pair table): H200
+# session 34, bench_moe.py fp16 µs stream-K / slot (the op then): qwen128 T=1 gate (8 x 6 x 64 = 3072
+# units) 9.0 / 10.7, down (3072) 8.6 / 10.3; seed8 T=1 gate (2048) 8.1 / 7.8, down (2048) 7.7 / 7.8.
+GROUPED_SLOT_MAX_UNITS_K5 = 2048
 
 
-def grouped_slot_gemv(slots: int, n_tiles: int, nb: int, capability: tuple[int, int]) -> bool:
+def grouped_slot_gemv(slots: int, n_tiles: int, nb: int, capability: tuple[int, int], k: int = 4) -> bool:
     """Whether the GEMV path takes the slot GEMV over stream-K: few slots x tiles x blocks, where the
-    stream-K prologue (item count, wide table) costs more than its load balance gains."""
-    limit = GROUPED_SLOT_MAX_UNITS.get(capability, GROUPED_SLOT_MAX_UNITS_DEFAULT)
+    stream-K prologue (item count, pair table) costs more than its load balance gains (k = 5:
+    GROUPED_SLOT_MAX_UNITS_K5)."""
+    limit = GROUPED_SLOT_MAX_UNITS_K5 if k == 5 else GROUPED_SLOT_MAX_UNITS.get(capability,
+                                                                                GROUPED_SLOT_MAX_UNITS_DEFAULT)
     return slots * n_tiles * nb <= limit
 
 
@@ -581,14 +587,18 @@ def choose_grouped_path(rows: int, n_exp: int, capability: tuple[int, int]) -> s
 # T=64 (4, 512 rows) 163.2 -> 134.8, T=256 (16) 191.2 -> 203.4, T=512 (32) 275.1 -> 215.1, T=1024
 # 408.5 -> 250.6.
 GROUPED_WGMMA_ROWS: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {(9, 0): ((8, 0, 0), (4, 256, 0))}
-# k = 5 (no stream-K grouped GEMV, whose table decode takes k <= 4; the slot GEMV decodes it by lane
-# shuffle): the same entries and one more. H200 2026-11-27 session 26, bench_moe.py k=5 gate + down
+# k = 5 (then no stream-K grouped GEMV, whose table decode took k <= 4; the slot GEMV decodes it by
+# lane shuffle) had the same entries and one more. H200 2026-11-27 session 26, bench_moe.py k=5 gate + down
 # µs, op (slot GEMV) / wgmma, fp16 and bf16: qwen128 T=1 (8 rows) 10.8 / 11.3, 10.4 / 11.6; T=2
 # 19.2 / 15.2, 15.4 / 17.8; T=4 (32 rows, 1 per expert) 36.4 / 22.5, 28.0 / 26.3; T=8 66.8 / 44.6,
 # 51.9 / 41.1; seed8 (8 experts) T=4 (4 per expert) 10.1 / 11.1, 9.3 / 11.2; T=8 takes it by the k
 # <= 4 rule.
+# Session 34, with k=5's stream-K grouped GEMV (csrc/kbit_grouped_gemv_sk.cu), fp16 µs stream-K /
+# wgmma: qwen128 gate T=4 17.6 / 21.5, T=8 26.2 / 41.2, T=16 40.6 / 49.1; down T=4 18.2 / 24.5, T=8
+# 26.7 / 38.6, T=16 41.7 / 49.3; seed8 gate T=8 (8 rows per expert) 12.2 / 9.3, T=4 9.8 / 8.6. So
+# k = 5 now takes k <= 4's entries (the 1-row one is gone).
 GROUPED_WGMMA_ROWS_K5: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((8, 0, 0), (4, 256, 0), (1, 32, 64)),
+    (9, 0): ((8, 0, 0), (4, 256, 0)),
 }
 
 

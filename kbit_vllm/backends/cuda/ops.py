@@ -448,26 +448,38 @@ def grouped_gemv_config(n: int, nb: int, slots: int, sms: int) -> tuple[int, int
 
 
 _GSK_OCC: dict[tuple[int, int, int, str], int] = {}
-GSK_WARPS = 8  # warps per CTA of the grouped stream-K GEMV (csrc/kbit_grouped_gemv_sk.cu)
+_GSK_WARPS: dict[int, int] = {}  # k -> warps per CTA of the grouped stream-K GEMV (csrc/kbit_grouped_gemv_sk.cu)
 GSK_MIN_UNITS = 2  # (item, tile, block) units per warp at least (the kernel's own bound)
 GSK_MAX_ROWS = 4  # rows per pass: the kernel is instantiated for 1..4
+
+
+def grouped_gemv_sk_warps(k: int) -> int:
+    """Warps per CTA of the grouped stream-K GEMV at k bits (k = 5: 16, one CTA per SM beside its
+    128 KB table), from the library; 0 where it has no kernel for k."""
+    if k not in _GSK_WARPS:
+        _GSK_WARPS[k] = max(0, int(LIB.kbit_vllm_grouped_gemv_sk_warps(_i(k))))
+    return _GSK_WARPS[k]
 
 
 def grouped_gemv_sk_config(dev: torch.device, sfx: str, k: int, rows: int, n_exp: int, n: int,
                            nb: int, mp: int | None = None) -> tuple[int, int, int]:
     """(mp, max_items, ctas) for the grouped stream-K GEMV: rows per pass (dispatch.grouped_sk_rows
     unless given, at most 4), the bound on (expert, pass) items, and a one-wave grid (resident
-    CTAs per SM x SMs, fewer when even max_items cannot feed them); ctas 0 = not usable (k = 5)."""
+    CTAs per SM x SMs, fewer when even max_items cannot feed them); ctas 0 = not usable (no kernel
+    for k, or it does not fit this GPU's shared memory)."""
     mp = min(GSK_MAX_ROWS, mp or dispatch.grouped_sk_rows(rows, n_exp))
     slots = min(n_exp, rows)
     max_items = (rows + slots * (mp - 1)) // mp
-    if k > 4:
+    warps = grouped_gemv_sk_warps(k)
+    if warps == 0:
         return mp, max_items, 0
     key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, mp, sfx)
     if key not in _GSK_OCC:
         _GSK_OCC[key] = int(getattr(LIB, f"kbit_vllm_grouped_gemv_sk_ctas_per_sm_{sfx}")(_i(k), _i(mp)))
     units = max_items * ((n + 127) // 128) * nb
-    return mp, max_items, max(1, min(_GSK_OCC[key] * _sms(dev), -(-units // (GSK_WARPS * GSK_MIN_UNITS))))
+    if _GSK_OCC[key] == 0:
+        return mp, max_items, 0
+    return mp, max_items, max(1, min(_GSK_OCC[key] * _sms(dev), -(-units // (warps * GSK_MIN_UNITS))))
 
 
 GMMA_CTAS_PER_SM = {16: 3, 32: 3, 64: 2, 128: 1}  # resident CTAs per SM (csrc/kbit_grouped_mma.cu kMinCtas)
@@ -503,7 +515,7 @@ def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
     """y [rows, out] for a contiguous 2-D fp16/bf16 x (rows sorted by expert) through one kernel.
 
     offsets: int32 [E + 1] on the device. Paths: "gemv" is the stream-K GEMV over the active
-    experts (k <= 4, outside deterministic mode) unless few experts' weights are read
+    experts (outside deterministic mode) unless few experts' weights are read
     (dispatch.grouped_slot_gemv), else the slot GEMV; "gemv_sk" / "gemv_slot" name one of them
     (gemv_sk falls back as gemv does where stream-K is not usable); "mma" the grouped MMA (row tile
     bm, default by the expected rows per expert); "wgmma" the Hopper kernel (wgmma_ok; bm its row
@@ -527,7 +539,7 @@ def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
     if path in ("gemv", "gemv_sk") and not dispatch.deterministic():
         mp, max_items, ctas = grouped_gemv_sk_config(dev, sfx, k, rows, n_exp, out_features, nb, mp)
         if ctas > 0 and (path == "gemv_sk" or not dispatch.grouped_slot_gemv(
-                slots, n_tiles, nb, torch.cuda.get_device_capability(dev))):
+                slots, n_tiles, nb, torch.cuda.get_device_capability(dev), k)):
             acc = scratch(dev, "accum", max_items * n_tiles * 128 * mp)
             ctr = scratch(dev, "counters", max_items * n_tiles)
             check(getattr(LIB, f"kbit_vllm_grouped_gemv_sk_{sfx}")(
