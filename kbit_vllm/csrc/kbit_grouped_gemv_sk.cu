@@ -39,12 +39,11 @@ namespace {
 
 constexpr long long kGskMinUnits = 2;  // units per warp at least, so the table build is amortized
 
-#ifndef KBIT_GSK_W16
-#define KBIT_GSK_W16 0
-#endif
-// Shape of the grouped stream-K GEMV at k bits (kbit_sk.cuh SkLayout).
+// Shape of the grouped stream-K GEMV at k bits (kbit_sk.cuh SkLayout): 16 warps for k = 5, else
+// kSkWarps. (16-warp CTAs for k = 4 too measured no faster: H200 session 34, qwen128 gate T=1..16
+// 8.2 / 9.1 / 14.3 / 20.6 / 31.2 us against 7.7 / 9.8 / 14.2 / 20.7 / 31.0.)
 template <int K>
-using GskCfg = SkLayout<K, K == 5 || KBIT_GSK_W16 ? 16 : kSkWarps>;
+using GskCfg = SkLayout<K, K == 5 ? 16 : kSkWarps>;
 
 template <typename T, int M>
 __device__ __forceinline__ void gsk_store(T* __restrict__ y, int N, int frow, int m0, int mr, const float (&v)[4][M]) {

@@ -337,8 +337,8 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
     ctas = gemv_sk_ctas(dev, sfx, k, m, out_features, nb, forced=path == "gemv_sk") if use_sk else 0
     if path == "gemv_sk" and ctas == 0:
         raise ValueError(f"kbit_linear gemv_sk path takes k <= 5 and at least one CTA's warps "
-                         f"({gemv_sk_warps(k)}) of (tile, block) units, "
-                         f"got k={k}, units={((out_features + 127) // 128) * nb}")
+                         f"({gemv_sk_warps(k)}) of (tile, block) units, on a GPU whose shared memory holds "
+                         f"its table, got k={k}, units={((out_features + 127) // 128) * nb}")
     # The stream-K GEMVs (CUDA-core and tensor-core) share a signature: a one-wave grid, a zeroed fp32
     # accumulator row per x row and a counter per layout tile (both left zeroed).
     def stream_k(kernel: str, grid: int) -> torch.Tensor:
