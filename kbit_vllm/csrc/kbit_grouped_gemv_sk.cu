@@ -74,8 +74,9 @@ __device__ __forceinline__ void gsk_unit(int mr, const uint4 (&p)[K], uint32_t a
 
 // XS staging (bf16 x): the x rows of the items a CTA's units belong to, only the blocks those units
 // read, once per CTA as fp16 times a power of two per row (x_pow2_scale of that row's staged
-// blocks), in the slots of SkLayout::x_word (k <= 4: the wide table's unused right halves), so the unit loop runs sk_unit's
-// half2 loop on shared x instead of the fp32 path on global bf16 x. Item i of the CTA (i = item -
+// blocks), in the slots of SkLayout::x_word (k <= 4: the wide table's unused right halves), so the
+// unit loop runs sk_unit's half2 loop on shared x instead of the fp32 path on global bf16 x. Item i
+// of the CTA (i = item -
 // first item of the CTA, at most one per warp) stages its rows' blocks jb0, jb0 + 1, ... (mod nb),
 // span of them, row m at slot base + m * stride (stride = span rounded up to even, so a row is a
 // fixed uint4 offset from the previous one). The host launches XS only where the bound on the CTA's

@@ -1,5 +1,5 @@
-// Stream-K GEMV building blocks, shared by the dense stream-K GEMV (k = 2..5) and the grouped (MoE)
-// stream-K GEMV (k = 2..4), and the wide pair table also used by the grouped MMA.
+// Stream-K GEMV building blocks (k = 2..5), shared by the dense stream-K GEMV and the grouped (MoE)
+// stream-K GEMV, and the wide pair table also used by the grouped MMA.
 //
 // Work unit = (tile of 128 rows, one 32-wide input block): in the tiled layout its k planes of
 // 128 words start at word unit * 128k. A lane owns 4 rows: one uint4 per plane (rows 4l..4l+3)
@@ -21,7 +21,6 @@
 namespace kbit {
 
 constexpr int kWideLutWords = 256 * 64;  // one 256-byte row per pair code, columns 0..31 used
-constexpr size_t kSkSmem = kWideLutWords * 4;
 constexpr int kSkLut5Copies = 32;                      // k = 5: one bank per lane
 constexpr int kSkLut5Words = 1024 * kSkLut5Copies;     // 128 KB
 
