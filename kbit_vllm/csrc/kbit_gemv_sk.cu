@@ -322,7 +322,6 @@ int gemv_sk_warps(int k) {
 // Resident CTAs per SM of the kernel for (k, M), for sizing a one-wave grid; 0 on error.
 template <typename T>
 int gemv_sk_ctas_per_sm(int k, int M) {
-    int n = 0;
     const void* f = nullptr;
     int smem = 0;
 #define KBIT_SK_CASE(KK, MM)                                                  \
@@ -336,9 +335,7 @@ int gemv_sk_ctas_per_sm(int k, int M) {
     KBIT_SK_CASE(5, 1) KBIT_SK_CASE(5, 2) KBIT_SK_CASE(5, 3) KBIT_SK_CASE(5, 4)
 #undef KBIT_SK_CASE
     if (f == nullptr) return 0;
-    if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) return 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, gemv_sk_warps(k) * 32, smem) != cudaSuccess) return 0;
-    return n;
+    return resident_ctas(f, gemv_sk_warps(k) * 32, smem);
 }
 template int gemv_sk_ctas_per_sm<half>(int, int);
 template int gemv_sk_ctas_per_sm<__nv_bfloat16>(int, int);

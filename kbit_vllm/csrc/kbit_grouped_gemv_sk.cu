@@ -469,12 +469,7 @@ template <typename T>
 int grouped_gemv_sk_ctas_per_sm(int k, int mp) {
     const void* f = gsk_pick<T>(k, mp, false);  // XS: the same registers bound, 0.2 KB more static shared
     if (f == nullptr) return 0;
-    const int smem = gsk_smem(k);
-    int n = 0;
-    if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) return 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, grouped_gemv_sk_warps(k) * 32, smem) != cudaSuccess)
-        return 0;
-    return n;
+    return resident_ctas(f, grouped_gemv_sk_warps(k) * 32, gsk_smem(k));
 }
 
 // mp: rows per pass (1..4); max_items: an upper bound on the items, (rows + min(n_exp, rows) *
