@@ -39,6 +39,12 @@ MS = (1, 2, 3, 4, 5, 8, 15, 16, 17, 32, 33, 64, 100, 256, 1000)
 SHAPES = ((96, 200), (160, 1000), (256, 128), (4096, 300), (32, 4100), (64, 20000))
 
 
+def _sk_runs(k: int, m: int, in_f: int, out_f: int, dtype=torch.float16) -> bool:
+    """Whether the forced stream-K GEMV runs this layer here (a CTA's warps of units, and for k = 5
+    a GPU whose shared memory holds its 160 KB: not sm_86 / sm_89)."""
+    return cuda_ops.gemv_sk_ctas(torch.device(DEV), SUFFIX[dtype], k, m, out_f, in_f // 32, forced=True) > 0
+
+
 def _weights(out_f: int, in_f: int, k: int):
     w = torch.randn(out_f, in_f, device=DEV) * torch.rand(out_f, 1, device=DEV)
     cb = normal_float_codebook(k).to(DEV)
@@ -108,7 +114,7 @@ def test_linear_all_paths(k, dtype, in_f, out_f):
     bias = torch.randn(out_f, device=DEV, dtype=dtype)
     for m in MS:
         x = torch.randn(m, in_f, device=DEV, dtype=dtype)
-        sk = 0 < cuda_ops.gemv_sk_warps(k) <= ((out_f + 127) // 128) * (in_f // 32)
+        sk = m <= 4 and _sk_runs(k, m, in_f, out_f, dtype)
         paths = (["gemv", "gemv_cluster"] + (["gemv_sk"] if sk else []) if m <= 4 else []) + (
             ["mma", "mma_tw1"] if m <= 256 else []) + ["dequant"] + (["wgmma"] if cuda_ops.wgmma_ok(DEV, k) else [])
         if cuda_ops.gemv_tc_ctas(torch.device(DEV), SUFFIX[dtype], k, m, out_f, in_f // 32) > 0:
@@ -277,6 +283,8 @@ def test_bf16_gemv_sk_staged_x(k, in_f, out_f):
     pt, at = ops.kbit_repack(packed, absmax, k)
     w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64)
     nb, units = in_f // 32, ((out_f + 127) // 128) * (in_f // 32)
+    if not _sk_runs(k, 1, in_f, out_f):
+        pytest.skip(f"the k={k} stream-K GEMV's shared memory does not fit this GPU")
     ctas = cuda_ops.gemv_sk_ctas(torch.device(DEV), "bf16", k, 1, out_f, nb, forced=True)
     warps = cuda_ops.gemv_sk_warps(k) * ctas  # k = 5: 16 a CTA, 32 staging slots each
     assert units >= 12 * ctas and -(-units // warps) <= 512 // cuda_ops.gemv_sk_warps(k), \
@@ -462,6 +470,8 @@ def _forced_path_graph_replay(path: str, m: int, dtype, k: int = 4) -> None:
     in_f, out_f = 4096, 2053
     if not cuda_ops.path_ok(torch.device(DEV), path, k, m):
         pytest.skip(f"{path} needs compute capability 9.0 and an sm_90a library")
+    if path == "gemv_sk" and not _sk_runs(k, m, in_f, out_f, dtype):
+        pytest.skip(f"the k={k} stream-K GEMV's shared memory does not fit this GPU")
     packed, absmax, cb = _weights(out_f, in_f, k)
     pt, at = ops.kbit_repack(packed, absmax, k)
     w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64)
