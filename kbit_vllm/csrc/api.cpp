@@ -175,6 +175,7 @@ KBIT_LINEAR_API(bf16, __nv_bfloat16)
 // Quantization blocks per work unit of MMA variant v (variant 0 is the default kernel; 1.. are
 // alternatives timed beside it); 0 for an unknown variant.
 int kbit_vllm_mma_stage_blocks(int variant) { return kbit::mma_stage_blocks(variant); }
+// Warps per CTA of the stream-K GEMVs, dense and grouped, at k bits; 0 for other k.
 int kbit_vllm_gemv_sk_warps(int k) { return kbit::gemv_sk_warps(k); }
 
 }  // extern "C"

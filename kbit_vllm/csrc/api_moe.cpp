@@ -17,7 +17,6 @@ int launch_grouped_gemv_sk(const void* x, const void* pt, const uint8_t* at, con
                            float* accum, int* counters, cudaStream_t stream);
 template <typename T>
 int grouped_gemv_sk_ctas_per_sm(int k, int mp);
-int grouped_gemv_sk_warps(int k);
 template <typename T>
 int launch_grouped_mma(const void* x, const void* pt, const uint8_t* at, const float* cb, const int* offs, void* y,
                        int k, int n_exp, int rows, int N, int nb, int bm, int items, int splits, float* ws,
@@ -125,7 +124,6 @@ int kbit_vllm_moe_route(const void* ids, int ids_bytes, const float* w, const in
 }
 
 int kbit_vllm_moe_route_chunks(int n_pairs) { return moe::route_chunks(n_pairs); }
-int kbit_vllm_grouped_gemv_sk_warps(int k) { return kbit::grouped_gemv_sk_warps(k); }
 
 // Routing, then the rows of x in routed order by the same CTA (moe_route.cu; small batches):
 // rows[i] = x[src_row[i]], rows of row_chunks 16-byte chunks, x of n_src rows.

@@ -32,10 +32,6 @@
 
 namespace kbit {
 
-// Shape of the stream-K GEMV at k bits (kbit_sk.cuh SkLayout): 16 warps for k = 5, else kSkWarps.
-template <int K>
-using SkCfg = SkLayout<K, K == 5 ? 16 : kSkWarps>;
-
 // From each thread's max |x| per row: the CTA's x_pow2_scale per row. Starts and ends with a block
 // barrier's worth of ordering: call it from every thread.
 template <int W, int M>
@@ -111,9 +107,9 @@ constexpr int kStageXMinUnits = 12;
 // XS (bf16, M = 1, at most kXsWarpSlots units per warp): each warp stages the x blocks of its own
 // units (consecutive blocks from its first unit's, at most nb of them) as scaled fp16 in its own
 // kXsWarpSlots slots (SkCfg::x_word), at its own scale (a warp max: no block barrier on the way),
-// so the unit loop reads x from shared memory instead of
-// every lane converting every x word of every unit. Each warp multiplies its partial sums by its
-// own inverse before they meet other warps' in the accumulator.
+// so the unit loop reads x from shared memory instead of every lane converting every x word of
+// every unit. Each warp multiplies its partial sums by its own inverse before they meet other
+// warps' in the accumulator.
 template <typename T, int K, int M, bool XS = false>
 __global__ void __launch_bounds__(SkCfg<K>::kThreads, K == 5 ? 1 : M <= 2 ? 3 : 2) gemv_sk_kernel(
     const T* __restrict__ x, const uint4* __restrict__ packed_t, const uint32_t* __restrict__ absmax_t,
@@ -308,34 +304,23 @@ int launch_gemv_sk_k(const void* x, const void* pt, const uint8_t* at, const flo
     }
 }
 
-// Warps per CTA of the stream-K GEMV at k bits (the host sizes its grid by it); 0 for other k.
-int gemv_sk_warps(int k) {
-    switch (k) {
-        case 2: return SkCfg<2>::kWarps;
-        case 3: return SkCfg<3>::kWarps;
-        case 4: return SkCfg<4>::kWarps;
-        case 5: return SkCfg<5>::kWarps;
-        default: return 0;
-    }
-}
+// Warps per CTA of the stream-K GEMVs (dense and grouped: SkCfg) at k bits, by which the host sizes
+// their grids; 0 for other k.
+int gemv_sk_warps(int k) { return sk_shape(k).warps; }
 
 // Resident CTAs per SM of the kernel for (k, M), for sizing a one-wave grid; 0 on error.
 template <typename T>
 int gemv_sk_ctas_per_sm(int k, int M) {
     const void* f = nullptr;
-    int smem = 0;
-#define KBIT_SK_CASE(KK, MM)                                                  \
-    if (k == KK && M == MM) {                                                 \
-        f = reinterpret_cast<const void*>(gemv_sk_kernel<T, KK, MM>);         \
-        smem = static_cast<int>(SkCfg<KK>::kSmem);                            \
-    }
+#define KBIT_SK_CASE(KK, MM) if (k == KK && M == MM) f = reinterpret_cast<const void*>(gemv_sk_kernel<T, KK, MM>);
     KBIT_SK_CASE(2, 1) KBIT_SK_CASE(2, 2) KBIT_SK_CASE(2, 3) KBIT_SK_CASE(2, 4)
     KBIT_SK_CASE(3, 1) KBIT_SK_CASE(3, 2) KBIT_SK_CASE(3, 3) KBIT_SK_CASE(3, 4)
     KBIT_SK_CASE(4, 1) KBIT_SK_CASE(4, 2) KBIT_SK_CASE(4, 3) KBIT_SK_CASE(4, 4)
     KBIT_SK_CASE(5, 1) KBIT_SK_CASE(5, 2) KBIT_SK_CASE(5, 3) KBIT_SK_CASE(5, 4)
 #undef KBIT_SK_CASE
     if (f == nullptr) return 0;
-    return resident_ctas(f, gemv_sk_warps(k) * 32, smem);
+    const SkShape s = sk_shape(k);
+    return resident_ctas(f, s.warps * 32, s.smem);
 }
 template int gemv_sk_ctas_per_sm<half>(int, int);
 template int gemv_sk_ctas_per_sm<__nv_bfloat16>(int, int);
@@ -347,8 +332,9 @@ int launch_gemv_sk(const void* x, const void* pt, const uint8_t* at, const float
                    int M, int N, int nb, void* y, int ctas, float* ws, int* counters, cudaStream_t s) {
     if (M == 0 || N <= 0) return 0;
     const long long units = static_cast<long long>((N + kTileN - 1) / kTileN) * nb;
-    if (nb <= 0 || ctas < 1 || gemv_sk_warps(k) == 0 || static_cast<long long>(ctas) * gemv_sk_warps(k) > units ||
-        ws == nullptr || counters == nullptr)
+    const int warps = sk_shape(k).warps;
+    if (nb <= 0 || ctas < 1 || warps == 0 || static_cast<long long>(ctas) * warps > units || ws == nullptr ||
+        counters == nullptr)
         return static_cast<int>(cudaErrorInvalidValue);
     switch (k) {
         case 2: return launch_gemv_sk_k<T, 2>(x, pt, at, cb, bias, M, N, nb, y, ctas, ws, counters, s);

@@ -25,7 +25,7 @@
 // bounds what a CTA stages, so bf16 runs fp16's half2 loop; H200 (benchmarks/RESULTS.md, session
 // 16) qwen128 k=4 gate bf16 T=16 41.6 -> 33.2 us (fp16 32.4), T=8 25.9 -> 22.7.
 // k = 5 looks its pair codes up in the 128 KB 32-copy table (SkLayout), one CTA of 16 warps per SM,
-// as the dense stream-K GEMV does (GskCfg).
+// as the dense stream-K GEMV does (SkCfg, kbit_sk.cuh).
 #include "kbit_sk.cuh"
 #include "moe_common.cuh"
 #include "pdl.cuh"
@@ -38,12 +38,6 @@ namespace kbit {
 namespace {
 
 constexpr long long kGskMinUnits = 2;  // units per warp at least, so the table build is amortized
-
-// Shape of the grouped stream-K GEMV at k bits (kbit_sk.cuh SkLayout): 16 warps for k = 5, else
-// kSkWarps. (16-warp CTAs for k = 4 too measured no faster: H200 session 34, qwen128 gate T=1..16
-// 8.2 / 9.1 / 14.3 / 20.6 / 31.2 us against 7.7 / 9.8 / 14.2 / 20.7 / 31.0.)
-template <int K>
-using GskCfg = SkLayout<K, K == 5 ? 16 : kSkWarps>;
 
 template <typename T, int M>
 __device__ __forceinline__ void gsk_store(T* __restrict__ y, int N, int frow, int m0, int mr, const float (&v)[4][M]) {
@@ -76,10 +70,9 @@ __device__ __forceinline__ void gsk_unit(int mr, const uint4 (&p)[K], uint32_t a
 // read, once per CTA as fp16 times a power of two per row (x_pow2_scale of that row's staged
 // blocks), in the slots of SkLayout::x_word (k <= 4: the wide table's unused right halves), so the
 // unit loop runs sk_unit's half2 loop on shared x instead of the fp32 path on global bf16 x. Item i
-// of the CTA (i = item -
-// first item of the CTA, at most one per warp) stages its rows' blocks jb0, jb0 + 1, ... (mod nb),
-// span of them, row m at slot base + m * stride (stride = span rounded up to even, so a row is a
-// fixed uint4 offset from the previous one). The host launches XS only where the bound on the CTA's
+// of the CTA (i = item - first item of the CTA, at most one per warp) stages its rows' blocks jb0,
+// jb0 + 1, ... (mod nb), span of them, row m at slot base + m * stride (stride = span rounded up to
+// even, so a row is a fixed uint4 offset from the previous one). The host launches XS only where the bound on the CTA's
 // units keeps that within kStagedXSlots (gsx_wins).
 // Items staged by a CTA of W warps: at most W (one warp finds each item's rows).
 template <int M, int W>
@@ -93,7 +86,7 @@ struct GsxItems {
     unsigned mx[W * M];  // max |x| per staged row, as float bits
 };
 template <int K, int M>
-using GsxOf = GsxItems<M, GskCfg<K>::kWarps>;
+using GsxOf = GsxItems<M, SkCfg<K>::kWarps>;
 
 __device__ __forceinline__ int gsx_stride(int span) { return (span + 1) & ~1; }
 
@@ -107,7 +100,7 @@ __device__ __forceinline__ void gsx_slot(const GsxOf<K, M>& g, int i, int q, int
     int jb = g.jb0[i] + b;
     if (jb >= nb) jb -= nb;
     x_uint4 = (g.row0[i] + m) * nb * 4 + jb * 4 + (rem & 3);
-    word = GskCfg<K>::x_word(g.base[i] + m * gsx_stride(g.span[i]) + b) + 4 * (rem & 3);
+    word = SkCfg<K>::x_word(g.base[i] + m * gsx_stride(g.span[i]) + b) + 4 * (rem & 3);
 }
 
 // Every thread of the CTA: the items of units [c0, c1) and their staging slots (n_it of them).
@@ -117,7 +110,7 @@ __device__ __forceinline__ void gsx_items(GsxOf<K, M>& g, const int* offs, int n
                                           long long per_item, long long c0, long long c1, int n_it) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int item_a = static_cast<int>(c0 / per_item);
-    if (n_it > GskCfg<K>::kWarps) __trap();  // the host's bound (gsx_wins) excludes it
+    if (n_it > SkCfg<K>::kWarps) __trap();  // the host's bound (gsx_wins) excludes it
     if (warp < n_it) {
         const int item = item_a + warp;
         moe::Item it;
@@ -132,7 +125,7 @@ __device__ __forceinline__ void gsx_items(GsxOf<K, M>& g, const int* offs, int n
             g.span[warp] = static_cast<int>(min(static_cast<long long>(nb), ub - ua));
         }
     }
-    if (threadIdx.x < GskCfg<K>::kWarps * M) g.mx[threadIdx.x] = 0u;
+    if (threadIdx.x < SkCfg<K>::kWarps * M) g.mx[threadIdx.x] = 0u;
     __syncthreads();
     if (threadIdx.x == 0) {
         int slots = 0;
@@ -203,14 +196,14 @@ __device__ __forceinline__ void gsx_fill(GsxOf<K, M>& g, uint32_t* tbl, float cb
 }
 
 template <typename T, int K, int M, bool XS>
-__global__ void __launch_bounds__(GskCfg<K>::kThreads, GskCfg<K>::kWarps > kSkWarps ? 1 : M == 1 ? 3 : 2)
+__global__ void __launch_bounds__(SkCfg<K>::kThreads, SkCfg<K>::kWarps > kSkWarps ? 1 : M == 1 ? 3 : 2)
 grouped_gemv_sk_kernel(
     const T* __restrict__ x, const uint4* __restrict__ packed_t, const uint32_t* __restrict__ absmax_t,
     const float* __restrict__ codebook, const int* __restrict__ offs, T* __restrict__ y, int n_exp, int rows, int N,
     int nb, int max_items, float* __restrict__ accum, int* __restrict__ counters) {
     static_assert(K >= 2 && K <= 5, "table GEMV takes k = 2..5");
     static_assert(!XS || std::is_same<T, __nv_bfloat16>::value, "XS stages bf16 x");
-    constexpr int W = GskCfg<K>::kWarps;
+    constexpr int W = SkCfg<K>::kWarps;
     extern __shared__ uint4 smem_gsk[];
     __shared__ GsxOf<K, M> gsx;
     uint32_t* tbl = reinterpret_cast<uint32_t*>(smem_gsk);
@@ -225,7 +218,7 @@ grouped_gemv_sk_kernel(
         cbl = lane_codebook<K>(codebook, lane);
     if constexpr (!XS) {
         if constexpr (K == 5)
-            sk_build_table<K>(tbl, cbl, GskCfg<K>::kThreads);
+            sk_build_table<K>(tbl, cbl, SkCfg<K>::kThreads);
         else
             build_wide_lut<K>(tbl, codebook);
     }
@@ -292,7 +285,7 @@ grouped_gemv_sk_kernel(
             s_base = gsx.base[i];
             s_jb0 = gsx.jb0[i];
             // uint4 from one staged row to the next: stride slots (k <= 4: 32 words a slot pair apart)
-            s_row4 = (GskCfg<K>::x_word(gsx_stride(gsx.span[i])) - GskCfg<K>::x_word(0)) / 4;
+            s_row4 = (SkCfg<K>::x_word(gsx_stride(gsx.span[i])) - SkCfg<K>::x_word(0)) / 4;
 #pragma unroll
             for (int m = 0; m < M; ++m) {
                 float sc;
@@ -345,7 +338,7 @@ grouped_gemv_sk_kernel(
         if constexpr (XS) {
             int d = j - s_jb0;
             if (d < 0) d += nb;
-            xb = reinterpret_cast<const uint4*>(tbl + GskCfg<K>::x_word(s_base + d));
+            xb = reinterpret_cast<const uint4*>(tbl + SkCfg<K>::x_word(s_base + d));
 #pragma unroll
             for (int m = 0; m < M; ++m) xoff[m] = min(m, mr - 1) * s_row4;
         } else {
@@ -440,36 +433,15 @@ bool gsx_wins(int mp, int max_items, int n_tiles, int nb, int ctas, int warps) {
     return mp * std::min(range + n_it, n_it * (nb + 1LL)) <= kStagedXSlots;
 }
 
-// Dynamic shared memory of the kernel at k bits (0: no kernel).
-int gsk_smem(int k) {
-    switch (k) {
-        case 2: return static_cast<int>(GskCfg<2>::kSmem);
-        case 3: return static_cast<int>(GskCfg<3>::kSmem);
-        case 4: return static_cast<int>(GskCfg<4>::kSmem);
-        case 5: return static_cast<int>(GskCfg<5>::kSmem);
-        default: return 0;
-    }
-}
-
 }  // namespace
-
-// Warps per CTA of the grouped stream-K GEMV at k bits (the host sizes its grid by it); 0 for other k.
-int grouped_gemv_sk_warps(int k) {
-    switch (k) {
-        case 2: return GskCfg<2>::kWarps;
-        case 3: return GskCfg<3>::kWarps;
-        case 4: return GskCfg<4>::kWarps;
-        case 5: return GskCfg<5>::kWarps;
-        default: return 0;
-    }
-}
 
 // Resident CTAs per SM of the kernel for (k, rows per pass), for sizing a one-wave grid; 0 on error.
 template <typename T>
 int grouped_gemv_sk_ctas_per_sm(int k, int mp) {
     const void* f = gsk_pick<T>(k, mp, false);  // XS: the same registers bound, 0.2 KB more static shared
     if (f == nullptr) return 0;
-    return resident_ctas(f, grouped_gemv_sk_warps(k) * 32, gsk_smem(k));
+    const SkShape s = sk_shape(k);
+    return resident_ctas(f, s.warps * 32, s.smem);
 }
 
 // mp: rows per pass (1..4); max_items: an upper bound on the items, (rows + min(n_exp, rows) *
@@ -483,12 +455,12 @@ int launch_grouped_gemv_sk(const void* x, const void* pt, const uint8_t* at, con
     if (nb <= 0 || n_exp <= 0 || max_items < 1 || ctas < 1 || accum == nullptr || counters == nullptr)
         return static_cast<int>(cudaErrorInvalidValue);
     const int n_tiles = (N + kTileN - 1) / kTileN;
-    const int warps = grouped_gemv_sk_warps(k);
+    const SkShape shape = sk_shape(k);
+    const int warps = shape.warps, smem = shape.smem;
     const bool xs = std::is_same<T, __nv_bfloat16>::value && warps > 0 &&
                     gsx_wins(mp, max_items, n_tiles, nb, ctas, warps);
     const void* f = gsk_pick<T>(k, mp, xs);
     if (f == nullptr) return static_cast<int>(cudaErrorInvalidValue);
-    const int smem = gsk_smem(k);
     const cudaError_t attr = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (attr != cudaSuccess) return static_cast<int>(attr);
     const T* xt = static_cast<const T*>(x);

@@ -112,6 +112,26 @@ struct SkLayout {
     __device__ __forceinline__ static int x_word(int jb) { return K == 5 ? kTblWords + jb * 16 : staged_x_word(jb); }
 };
 
+// The shape of both stream-K GEMVs (dense and grouped) at k bits: one CTA of 16 warps per SM for
+// k = 5, beside its 128 KB table; kSkWarps (three CTAs per SM) for k <= 4. 16-warp CTAs for k <= 4
+// measured no faster in either kernel (H200 session 34, benchmarks/RESULTS.md).
+template <int K>
+using SkCfg = SkLayout<K, K == 5 ? 16 : kSkWarps>;
+
+// Host: warps per CTA and dynamic shared memory bytes of SkCfg<k> for a runtime k; {0, 0} outside 2..5.
+struct SkShape {
+    int warps, smem;
+};
+inline SkShape sk_shape(int k) {
+    switch (k) {
+        case 2: return {SkCfg<2>::kWarps, static_cast<int>(SkCfg<2>::kSmem)};
+        case 3: return {SkCfg<3>::kWarps, static_cast<int>(SkCfg<3>::kSmem)};
+        case 4: return {SkCfg<4>::kWarps, static_cast<int>(SkCfg<4>::kSmem)};
+        case 5: return {SkCfg<5>::kWarps, static_cast<int>(SkCfg<5>::kSmem)};
+        default: return {0, 0};
+    }
+}
+
 // The pair table of SkLayout<K, W> from the lane codebook (lane_codebook<K>) by shuffles; every
 // thread of the CTA's full warps (nthreads of them) calls it, the caller's barrier publishes it.
 template <int K>

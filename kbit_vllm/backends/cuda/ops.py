@@ -235,12 +235,12 @@ def gemv_config(n: int, nb: int, sms: int, cluster: bool) -> tuple[int, int, int
 
 
 _SK_OCC: dict[tuple[int, int, int, str], int] = {}
-_SK_WARPS: dict[int, int] = {}  # k -> warps per CTA of the stream-K GEMV (csrc/kbit_gemv_sk.cu)
+_SK_WARPS: dict[int, int] = {}  # k -> warps per CTA of the stream-K GEMVs (csrc/kbit_sk.cuh SkCfg)
 
 
 def gemv_sk_warps(k: int) -> int:
-    """Warps per CTA of the stream-K GEMV at k bits (k = 5: 16, one CTA per SM beside its 128 KB
-    table), from the library; 0 where it has no kernel for k."""
+    """Warps per CTA of the stream-K GEMVs, dense and grouped, at k bits (k = 5: 16, one CTA per SM
+    beside its 128 KB table), from the library; 0 where they have no kernel for k."""
     if k not in _SK_WARPS:
         _SK_WARPS[k] = max(0, int(LIB.kbit_vllm_gemv_sk_warps(_i(k))))
     return _SK_WARPS[k]
@@ -448,17 +448,8 @@ def grouped_gemv_config(n: int, nb: int, slots: int, sms: int) -> tuple[int, int
 
 
 _GSK_OCC: dict[tuple[int, int, int, str], int] = {}
-_GSK_WARPS: dict[int, int] = {}  # k -> warps per CTA of the grouped stream-K GEMV (csrc/kbit_grouped_gemv_sk.cu)
 GSK_MIN_UNITS = 2  # (item, tile, block) units per warp at least (the kernel's own bound)
 GSK_MAX_ROWS = 4  # rows per pass: the kernel is instantiated for 1..4
-
-
-def grouped_gemv_sk_warps(k: int) -> int:
-    """Warps per CTA of the grouped stream-K GEMV at k bits (k = 5: 16, one CTA per SM beside its
-    128 KB table), from the library; 0 where it has no kernel for k."""
-    if k not in _GSK_WARPS:
-        _GSK_WARPS[k] = max(0, int(LIB.kbit_vllm_grouped_gemv_sk_warps(_i(k))))
-    return _GSK_WARPS[k]
 
 
 def grouped_gemv_sk_config(dev: torch.device, sfx: str, k: int, rows: int, n_exp: int, n: int,
@@ -470,7 +461,7 @@ def grouped_gemv_sk_config(dev: torch.device, sfx: str, k: int, rows: int, n_exp
     mp = min(GSK_MAX_ROWS, mp or dispatch.grouped_sk_rows(rows, n_exp))
     slots = min(n_exp, rows)
     max_items = (rows + slots * (mp - 1)) // mp
-    warps = grouped_gemv_sk_warps(k)
+    warps = gemv_sk_warps(k)  # the grouped kernel's CTA shape is the dense one's (SkCfg)
     if warps == 0:
         return mp, max_items, 0
     key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, mp, sfx)
