@@ -221,10 +221,7 @@ template <typename T>
 int gemv_sk_ctas_per_sm(int m) {
     const void* f = sk_pick<T>(m);
     if (f == nullptr) return 0;
-    int n = 0;
-    if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kSkSmem) != cudaSuccess) return 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, kSkThreads, kSkSmem) != cudaSuccess) return 0;
-    return n;
+    return kbit::resident_ctas(f, kSkThreads, kSkSmem);
 }
 
 // y [m, out] for m = 1..4 with a grid of ctas CTAs of 8 warps, 8 * ctas <= (out / 8) * ceil(in / 512)

@@ -272,10 +272,7 @@ template <typename T>
 int gemv_tc_ctas_per_sm() {
     const void* f = reinterpret_cast<const void*>(awq_gemv_tc_kernel<T>);
     if (!ptx::wgmma_device_ok()) return 0;
-    if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kTcSmem) != cudaSuccess) return 0;
-    int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, kTcThreads, kTcSmem) != cudaSuccess) return 0;
-    return n;
+    return kbit::resident_ctas(f, kTcThreads, kTcSmem);
 }
 
 // y [m, out] for m = 1..8 with a grid of ctas CTAs of 8 warps, 8 * ctas <= ceil(out / 64) *

@@ -189,11 +189,7 @@ __global__ void __launch_bounds__(kAwThreads, AwCfg<R>::kOneCta ? 1 : 2)
 
 template <typename T, int R>
 int ctas_per_sm_rows() {
-    const void* f = reinterpret_cast<const void*>(awq_wgmma_kernel<T, R>);
-    if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, AwCfg<R>::kBytes) != cudaSuccess) return 0;
-    int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, kAwThreads, AwCfg<R>::kBytes) != cudaSuccess) return 0;
-    return n;
+    return kbit::resident_ctas(reinterpret_cast<const void*>(awq_wgmma_kernel<T, R>), kAwThreads, AwCfg<R>::kBytes);
 }
 
 template <typename T, int R>

@@ -290,10 +290,7 @@ int gemv_tc_ctas_per_sm(int k) {
     int smem = 0;
     const void* f = tc_kernel<T>(k, smem);
     if (f == nullptr || !ptx::wgmma_device_ok()) return 0;
-    if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) return 0;
-    int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, kTcThreads, smem) != cudaSuccess) return 0;
-    return n;
+    return resident_ctas(f, kTcThreads, smem);
 }
 
 // y [M, N] for M = 1..8 with a grid of ctas CTAs of 16 warps, 16 * ctas <= ceil(N / 128) * nb units;

@@ -740,11 +740,7 @@ int mma_ctas_per_sm_impl(int k, int mb, int tw, int variant) {
     [&]() -> int { KBIT_MMA_DISPATCH(KBIT_MMA_PTR) return 0; }();
 #undef KBIT_MMA_PTR
     if (f == nullptr) return 0;
-    if (smem > 48 * 1024 && cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
-        return 0;
-    int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, kMmaThreads, smem) != cudaSuccess) return 0;
-    return n;
+    return resident_ctas(f, kMmaThreads, smem);
 }
 
 }  // namespace

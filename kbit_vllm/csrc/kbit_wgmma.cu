@@ -282,12 +282,8 @@ template <typename T>
 int wgmma_ctas_per_sm(int k, int rows) {
     int smem = 0;
     const void* f = wgmma_pick<T>(k, rows, &smem);
-    if (!wgmma_device_ok() || f == nullptr ||
-        cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
-        return 0;
-    int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, kWgThreads, smem) != cudaSuccess) return 0;
-    return n;
+    if (!wgmma_device_ok() || f == nullptr) return 0;
+    return resident_ctas(f, kWgThreads, smem);
 }
 template int wgmma_ctas_per_sm<half>(int, int);
 template int wgmma_ctas_per_sm<__nv_bfloat16>(int, int);
