@@ -334,9 +334,12 @@ class Runner:
         self._check_linear(orec, y, want, bad, dtype)
         if self.cuda and dtype != torch.float32:
             from .backends.cuda import ops as cops
+            from .backends.cuda.cargs import SUFFIX
 
             paths = ["mma", "dequant"] + (["gemv", "gemv_cluster"] if m <= 4 else [])
-            if m <= 4 and 0 < cops.gemv_sk_warps(k) <= ((out_f + 127) // 128) * (in_f // 32):
+            # the forced stream-K GEMV where it runs here: a CTA's warps of units, and k = 5's 160 KB of
+            # shared memory on this GPU (as the GPU tests ask)
+            if m <= 4 and cops.gemv_sk_ctas(torch.device(dev), SUFFIX[dtype], k, m, out_f, in_f // 32, forced=True):
                 paths.append("gemv_sk")
             for path in paths:
                 # "gemv_sk" forces the stream-K GEMV, whose float atomics vary run to run by design
