@@ -25,6 +25,14 @@ int launch_grouped_mma(const void* x, const void* pt, const uint8_t* at, const f
 
 namespace kbit {
 template <typename T>
+int launch_moe_experts(const void* x, const int* ids, const float* tw, const int* emap, int n_global, const void* p13,
+                       const uint8_t* a13, const void* p2, const uint8_t* a2, const float* cb, void* y, void* act,
+                       float* accum, int* counters, int k, int tokens, int topk, int n_exp, int H, int I, int fn,
+                       int ctas, cudaStream_t stream);
+template <typename T>
+int moe_experts_ctas_per_sm(int k);
+void moe_experts_scratch(int tokens, int topk, int H, int I, long long* accum_floats, long long* counter_ints);
+template <typename T>
 int launch_grouped_wgmma(const void* x, const void* pt, const uint8_t* at, const float* cb, const int* offs, void* y,
                          int k, int n_exp, int rows, int N, int nb, int rows_per_tile, int items, int splits,
                          int one_cta, float* workspace, cudaStream_t stream);
@@ -45,6 +53,13 @@ int grouped_wgmma(const void* x, const int32_t* wq, const void* sz, const int* o
 
 extern "C" {
 
+// Zeroed scratch elements of one kbit_vllm_moe_experts_* launch (fp32 accum, int counters).
+void kbit_vllm_moe_experts_scratch(int tokens, int topk, int H, int I, long long* accum_floats,
+                                   long long* counter_ints) {
+    kbit::moe_experts_scratch(tokens, topk, H, I, accum_floats, counter_ints);
+}
+
+
 #define KBIT_MOE_API(SUFFIX, T)                                                                                    \
     int kbit_vllm_grouped_gemv_##SUFFIX(const void* x, const void* pt, const uint8_t* at, const float* cb,        \
                                         const int* offs, void* y, int k, int n_exp, int rows, int N, int nb,       \
@@ -62,6 +77,16 @@ extern "C" {
     int kbit_vllm_grouped_gemv_sk_ctas_per_sm_##SUFFIX(int k, int mp) {                                            \
         return kbit::grouped_gemv_sk_ctas_per_sm<T>(k, mp);                                                        \
     }                                                                                                              \
+    int kbit_vllm_moe_experts_##SUFFIX(const void* x, const int* ids, const float* tw, const int* emap,           \
+                                       int n_global, const void* p13, const uint8_t* a13, const void* p2,          \
+                                       const uint8_t* a2, const float* cb, void* y, void* act, float* accum,       \
+                                       int* counters, int k, int tokens, int topk, int n_exp, int H, int I, int fn, \
+                                       int ctas, void* stream) {                                                   \
+        return kbit::launch_moe_experts<T>(x, ids, tw, emap, n_global, p13, a13, p2, a2, cb, y, act, accum,        \
+                                           counters, k, tokens, topk, n_exp, H, I, fn, ctas,                       \
+                                           static_cast<cudaStream_t>(stream));                                     \
+    }                                                                                                              \
+    int kbit_vllm_moe_experts_ctas_per_sm_##SUFFIX(int k) { return kbit::moe_experts_ctas_per_sm<T>(k); }          \
     int kbit_vllm_grouped_mma_##SUFFIX(const void* x, const void* pt, const uint8_t* at, const float* cb,         \
                                        const int* offs, void* y, int k, int n_exp, int rows, int N, int nb, int bm, \
                                        int items, int splits, float* ws, int* counters, void* stream) {            \

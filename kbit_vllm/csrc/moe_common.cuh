@@ -78,4 +78,18 @@ __device__ __forceinline__ int count_items(const int* __restrict__ offs, int n_e
     return total;
 }
 
+// The gated activations' gate functions, in fp32 with torch's formulas (moe_gated_act, and the fused
+// MoE experts kernel's act tiles): F = 0 silu, 1 gelu (erf), 2 gelu (tanh approximation).
+template <int F>
+__device__ __forceinline__ float gate_act(float g) {
+    if constexpr (F == 0) {
+        return g / (1.f + expf(-g));
+    } else if constexpr (F == 1) {
+        return 0.5f * g * (1.f + erff(g * 0.70710678118654752f));
+    } else {
+        const float u = 0.79788456080286536f * (g + 0.044715f * g * g * g);
+        return 0.5f * g * (1.f + tanhf(u));
+    }
+}
+
 }  // namespace moe

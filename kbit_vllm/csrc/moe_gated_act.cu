@@ -5,6 +5,7 @@
 // Launched with PDL (pdl.cuh) between the two grouped GEMMs: it reads gate_up only after
 // pdl_wait, and lets the down GEMM start its table build at once.
 #include "common.cuh"
+#include "moe_common.cuh"
 #include "pdl.cuh"
 
 namespace moe {
@@ -12,18 +13,6 @@ namespace moe {
 namespace {
 
 constexpr int kActThreads = 256;
-
-template <int F>
-__device__ __forceinline__ float gate_fn(float g) {
-    if constexpr (F == 0) {
-        return g / (1.f + expf(-g));
-    } else if constexpr (F == 1) {
-        return 0.5f * g * (1.f + erff(g * 0.70710678118654752f));
-    } else {
-        const float u = 0.79788456080286536f * (g + 0.044715f * g * g * g);
-        return 0.5f * g * (1.f + tanhf(u));
-    }
-}
 
 // One thread per 8 outputs when inter % 8 == 0 (16-byte loads and stores), else per output.
 template <typename T, int F, int V>
@@ -48,10 +37,10 @@ __global__ void __launch_bounds__(kActThreads) gated_act_kernel(const T* __restr
             T* oa = reinterpret_cast<T*>(&ov);
 #pragma unroll
             for (int q = 0; q < 8; ++q)
-                oa[q] = kbit::from_float<T>(gate_fn<F>(kbit::to_float(ga[q])) * kbit::to_float(ua[q]));
+                oa[q] = kbit::from_float<T>(gate_act<F>(kbit::to_float(ga[q])) * kbit::to_float(ua[q]));
             *reinterpret_cast<uint4*>(o) = ov;
         } else {
-            o[0] = kbit::from_float<T>(gate_fn<F>(kbit::to_float(g[0])) * kbit::to_float(g[inter]));
+            o[0] = kbit::from_float<T>(gate_act<F>(kbit::to_float(g[0])) * kbit::to_float(g[inter]));
         }
     }
 }
