@@ -242,3 +242,27 @@ def check_moe_combine(down: torch.Tensor, slot: torch.Tensor, weights: torch.Ten
     require(weights.dim() == 1 and weights.shape[0] == down.shape[0], op,
             f"weights must be [{down.shape[0]}] (one per pair), got {list(weights.shape)}")
     _dtype(weights, torch.float32, op, "weights")
+
+
+def check_moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                      expert_map: torch.Tensor | None, w13_packed: torch.Tensor, w13_absmax: torch.Tensor,
+                      w2_packed: torch.Tensor, w2_absmax: torch.Tensor, codebook: torch.Tensor, k: int,
+                      activation: str) -> None:
+    """kbit_moe_experts: x [T, H], routing [T, top_k], w13 tiled [E, 2I/128.., H/32, ...], w2 [E, .., I/32, ...]."""
+    op = "kbit_moe_experts"
+    require(activation in MOE_ACTIVATIONS, op, f"activation must be one of {MOE_ACTIVATIONS}, got {activation!r}")
+    _check_token_rows(x, op)
+    require(w13_absmax.dim() == 4 and w2_absmax.dim() == 4, op,
+            f"w13_absmax and w2_absmax must be stacked tiled [E, n_tiles, in/32, {TILE_N}], got "
+            f"{list(w13_absmax.shape)} and {list(w2_absmax.shape)}")
+    n_exp, hidden, inter = w13_absmax.shape[0], x.shape[1], w2_absmax.shape[2] * BLOCK
+    require(w2_absmax.shape[0] == n_exp, op, f"w13 has {n_exp} experts but w2 has {w2_absmax.shape[0]}")
+    require(w13_absmax.shape[2] * BLOCK == hidden, op,
+            f"w13's in_features {w13_absmax.shape[2] * BLOCK} must equal x's hidden size {hidden}")
+    check_moe_route(topk_ids, topk_weights, n_exp, expert_map, op)
+    require(topk_ids.shape[0] == x.shape[0], op,
+            f"x has {x.shape[0]} tokens but topk_ids routes {topk_ids.shape[0]} ({list(topk_ids.shape)})")
+    check_codebook_for(codebook, k, op)
+    check_tiled(w13_packed, w13_absmax, k, 2 * inter, op + " (w13)", experts=True)
+    check_tiled(w2_packed, w2_absmax, k, hidden, op + " (w2)", experts=True)
+    _same_device(op, x=x, topk_ids=topk_ids, w13_packed=w13_packed, w2_packed=w2_packed, codebook=codebook)

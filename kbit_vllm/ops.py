@@ -45,6 +45,8 @@ _SCHEMAS = {
     "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
     "moe_gated_act": "(Tensor gate_up, str activation) -> Tensor",
     "moe_combine": "(Tensor down, Tensor slot, Tensor weights, int top_k) -> Tensor",
+    "kbit_moe_experts": "(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor? expert_map, Tensor w13_packed, "
+    "Tensor w13_absmax, Tensor w2_packed, Tensor w2_absmax, Tensor codebook, int k, str activation) -> Tensor",
 }
 
 _lib = torch.library.Library(NS, "DEF")
@@ -170,6 +172,13 @@ def _(down, slot, weights, top_k):
     return down.new_empty((down.shape[0] // top_k, down.shape[1]))
 
 
+@_fake("kbit_moe_experts")
+def _(x, topk_ids, topk_weights, expert_map, w13_packed, w13_absmax, w2_packed, w2_absmax, codebook, k, activation):
+    C.check_moe_experts(x, topk_ids, topk_weights, expert_map, w13_packed, w13_absmax, w2_packed, w2_absmax,
+                        codebook, k, activation)
+    return x.new_empty(x.shape)
+
+
 # --- Python entry points: thin, typed wrappers over torch.ops.kbit_vllm ---------------------
 
 _ops = getattr(torch.ops, NS)
@@ -277,3 +286,18 @@ def moe_gated_act(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
 def moe_combine(down: torch.Tensor, slot: torch.Tensor, weights: torch.Tensor, top_k: int) -> torch.Tensor:
     """out[t] = sum_k weights[t*top_k + k] * down[slot[t*top_k + k]], in fp32 in k order, one rounding."""
     return _ops.moe_combine(down, slot, weights, top_k)
+
+
+def kbit_moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                     expert_map: torch.Tensor | None, w13_packed: torch.Tensor, w13_absmax: torch.Tensor,
+                     w2_packed: torch.Tensor, w2_absmax: torch.Tensor, codebook: torch.Tensor, k: int,
+                     activation: str) -> torch.Tensor:
+    """A MoE layer's routed experts in one op: out[t] = sum_j w[t,j] * down_e(act(gate_e(x_t)) * up_e(x_t)),
+    e = the local id of topk_ids[t, j] (moe_route's rule: pairs not served here contribute nothing).
+
+    x [T, H]; the stacked tiled experts of w13 ([gate | up], out 2I) and w2 (out H) share one codebook.
+    Defined as moe_route_gather -> kbit_grouped_linear -> moe_gated_act -> kbit_grouped_linear ->
+    moe_combine; on CUDA a decode-sized batch runs it as one kernel (csrc/kbit_moe_experts.cu).
+    """
+    return _ops.kbit_moe_experts(x, topk_ids, topk_weights, expert_map, w13_packed, w13_absmax, w2_packed,
+                                 w2_absmax, codebook, k, activation)

@@ -15,17 +15,19 @@ import torch
 
 from . import reference as ref
 from .cpu import int4pack, kbit_encode, kbit_tables
-from .cuda import awq_ops, library, moe_ops
+from .cuda import awq_ops, library, moe_experts, moe_ops
 from .cuda import ops as cuda_ops
 
 _REFERENCE_OPS = (
     "kbit_quantize", "kbit_dequantize", "kbit_repack", "kbit_unrepack", "kbit_linear",
     "kbit_grouped_linear", "awq_dequantize", "awq_repack", "awq_unrepack", "awq_linear",
     "awq_grouped_linear", "moe_route", "moe_gather", "moe_route_gather", "moe_gated_act", "moe_combine",
+    "kbit_moe_experts",
 )
 _CUDA_KERNEL_OPS = ("kbit_quantize", "kbit_dequantize", "kbit_repack", "kbit_unrepack", "kbit_linear",
                     "kbit_grouped_linear")
 _CUDA_MOE_OPS = ("moe_route", "moe_gather", "moe_route_gather", "moe_gated_act", "moe_combine")
+_CUDA_FUSED_OPS = ("kbit_moe_experts",)
 _CUDA_AWQ_OPS = ("awq_repack", "awq_unrepack", "awq_linear", "awq_grouped_linear")
 
 _registered = False
@@ -43,7 +45,8 @@ def awq_resident_shape(device: torch.device, in_features: int, out_features: int
 
 
 def _cuda_dispatch(name: str):
-    kernel = getattr(moe_ops if name in _CUDA_MOE_OPS else cuda_ops, name)
+    module = moe_ops if name in _CUDA_MOE_OPS else moe_experts if name in _CUDA_FUSED_OPS else cuda_ops
+    kernel = getattr(module, name)
     fallback = getattr(ref, name)
 
     def impl(*args):
@@ -66,7 +69,7 @@ def register() -> None:
         _LIB.impl(name, cpu_impl or getattr(ref, name), "CPU")
         if name in _CUDA_AWQ_OPS:
             cuda_impl = getattr(awq_ops, name)
-        elif name in _CUDA_KERNEL_OPS or name in _CUDA_MOE_OPS:
+        elif name in _CUDA_KERNEL_OPS or name in _CUDA_MOE_OPS or name in _CUDA_FUSED_OPS:
             cuda_impl = _cuda_dispatch(name)
         else:
             cuda_impl = getattr(ref, name)

@@ -172,3 +172,18 @@ def moe_combine(down, slot, weights, top_k):
     for k in range(top_k):
         acc += w[:, k] * pairs[:, k]
     return acc.to(down.dtype)
+
+
+def kbit_moe_experts(x, topk_ids, topk_weights, expert_map, w13_packed, w13_absmax, w2_packed, w2_absmax, codebook,
+                     k, activation):
+    """The fused MoE op's definition: the five ops it fuses, each through the dispatcher, so on CPU they
+    run the CPU implementations (and the CUDA op runs this where its one-kernel path does not apply)."""
+    C.check_moe_experts(x, topk_ids, topk_weights, expert_map, w13_packed, w13_absmax, w2_packed, w2_absmax,
+                        codebook, k, activation)
+    ops = torch.ops.kbit_vllm
+    n_exp, inter = w13_absmax.shape[0], w2_absmax.shape[2] * 32
+    _, slot, offsets, weights, rows = ops.moe_route_gather(topk_ids, topk_weights, n_exp, expert_map, x)
+    gate_up = ops.kbit_grouped_linear(rows, w13_packed, w13_absmax, codebook, offsets, k, 2 * inter)
+    down = ops.kbit_grouped_linear(ops.moe_gated_act(gate_up, activation), w2_packed, w2_absmax, codebook, offsets, k,
+                                   x.shape[1])
+    return ops.moe_combine(down, slot, weights, topk_ids.shape[1])

@@ -526,6 +526,19 @@ def grouped_slot_gemv(slots: int, n_tiles: int, nb: int, capability: tuple[int, 
     return slots * n_tiles * nb <= limit
 
 
+# The fused MoE experts kernel (csrc/kbit_moe_experts.cu) takes a batch of up to this many (token,
+# expert) pairs; bigger batches run the five-op path, whose sorted rows share each expert's weights
+# and whose GEMMs stage x per CTA. H200 session 35 (bench_moe_experts.py, Qwen3-30B-A3B shapes, k=4,
+# bf16), op us one kernel / five ops: 8 pairs 21.0 / 29.0, 16 27.3 / 36.7, 32 38.9 / 44.8, 64 63.7 /
+# 63.4.
+MOE_FUSED_MAX_PAIRS = 32
+
+
+def moe_fused(pairs: int) -> bool:
+    """Whether kbit_moe_experts runs its one-kernel path for a batch of `pairs` (token, expert) pairs."""
+    return 0 < pairs <= MOE_FUSED_MAX_PAIRS and not deterministic()
+
+
 def grouped_rows_per_expert(rows: int, n_exp: int) -> int:
     """Expected rows per expert that has any, if routing spreads rows evenly over the experts."""
     active = max(1, min(n_exp, rows))
