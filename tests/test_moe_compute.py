@@ -203,3 +203,68 @@ def test_compiles_fullgraph(gen: torch.Generator) -> None:
 
     got = torch.compile(fwd, fullgraph=True, backend="eager")(x, w, ids)
     torch.testing.assert_close(got, loop_reference(x, w, ids, dense), rtol=1e-4, atol=1e-5)
+
+
+def tiled_experts(gen: torch.Generator, bits: int = 4) -> tuple[tuple[torch.Tensor, ...], dict]:
+    """(w13 packed, w13 absmax, w2 packed, w2 absmax, codebook) stacked tiled, and the fp32 dequantization."""
+    cb = normal_float_codebook(bits)
+    tiled, dense = [], {}
+    for name, w in (("w13", torch.randn(E, 2 * INTER, H, generator=gen) * 0.1),
+                    ("w2", torch.randn(E, H, INTER, generator=gen) * 0.1)):
+        packed, absmax = kbit_quantize_experts(w, cb, bits, name)
+        tiled += list(kbit_repack_experts(packed, absmax, bits))
+        from kbit_vllm import ops
+
+        dense[name] = torch.stack([ops.kbit_dequantize(packed[e], absmax[e], cb, bits, torch.float32)
+                                   for e in range(E)])
+    return (*tiled, cb), dense
+
+
+def test_experts_op_is_the_five_ops(gen: torch.Generator) -> None:
+    """kbit_moe_experts (one op; one kernel on CUDA at decode) is defined as moe_forward's five ops: on CPU
+    it runs them, bit for bit; moe_forward hands it the whole layer when given experts_op."""
+    from kbit_vllm import ops
+    from kbit_vllm.layers.moe_compute import kbit_experts_op
+
+    t, dense = tiled_experts(gen)
+    w13 = kbit_grouped(t[0], t[1], t[4], 4, 2 * INTER)
+    w2 = kbit_grouped(t[2], t[3], t[4], 4, H)
+    x = torch.randn(T, H, generator=gen).to(torch.bfloat16)
+    w, ids = routing(gen, n_exp=8)
+    for emap in (None, torch.tensor([-1, 3, -1, 0, 2, -1, 1, -1], dtype=torch.int32)):
+        five = moe_forward(x, w, ids, E, w13, w2, F.silu, expert_map=emap)
+        assert torch.equal(ops.kbit_moe_experts(x, ids, w, emap, *t, 4, "silu"), five)
+        assert torch.equal(moe_forward(x, w, ids, E, w13, w2, F.silu, expert_map=emap,
+                                       experts_op=kbit_experts_op(*t, 4)), five)
+    w, ids = routing(gen)
+    got = ops.kbit_moe_experts(x.float(), ids, w, None, *t, 4, "silu")
+    torch.testing.assert_close(got, loop_reference(x.float(), w, ids, dense), rtol=1e-4, atol=1e-5)
+    # weights on the inputs: moe_forward keeps its own path (the op weights outputs)
+    w1, ids1 = routing(gen, top_k=1)
+    on_input = moe_forward(x.float(), w1 * 0.7, ids1, E, w13, w2, F.silu, apply_router_weight_on_input=True,
+                           experts_op=kbit_experts_op(*t, 4))
+    torch.testing.assert_close(on_input, loop_reference(x.float(), w1 * 0.7, ids1, dense, on_input=True),
+                               rtol=1e-4, atol=1e-5)
+    compiled = torch.compile(lambda x, w, ids: ops.kbit_moe_experts(x, ids, w, None, *t, 4, "gelu"),
+                             fullgraph=True, backend="eager")
+    assert torch.equal(compiled(x, w, ids), ops.kbit_moe_experts(x, ids, w, None, *t, 4, "gelu"))
+
+
+def test_experts_op_errors_name_the_op(gen: torch.Generator) -> None:
+    import pytest
+
+    from kbit_vllm import ops
+
+    t, _ = tiled_experts(gen)
+    x = torch.randn(T, H, generator=gen)
+    w, ids = routing(gen)
+    with pytest.raises(ValueError, match="kbit_moe_experts: activation must be one of"):
+        ops.kbit_moe_experts(x, ids, w, None, *t, 4, "relu")
+    with pytest.raises(ValueError, match=r"kbit_moe_experts: w13's in_features 64 must equal x's hidden size 32"):
+        ops.kbit_moe_experts(x[:, :32], ids, w, None, *t, 4, "silu")
+    with pytest.raises(ValueError, match="kbit_moe_experts: x has 8 tokens but topk_ids routes 9"):
+        ops.kbit_moe_experts(x[:8], ids, w, None, *t, 4, "silu")
+    with pytest.raises(ValueError, match=r"kbit_moe_experts: w13 has 4 experts but w2 has 3"):
+        ops.kbit_moe_experts(x, ids, w, None, t[0], t[1], t[2][:3], t[3][:3], t[4], 4, "silu")
+    with pytest.raises(ValueError, match=r"kbit_moe_experts \(w13\): packed_tiled must be"):
+        ops.kbit_moe_experts(x, ids, w, None, *t[:4], normal_float_codebook(3), 3, "silu")

@@ -38,8 +38,10 @@ from torch import nn
 
 from ..formats import BLOCK, SUPPORTED_BITS
 from .moe_compute import (
+    ExpertsOp,
     GroupedLinear,
     check_expert_dims,
+    kbit_experts_op,
     kbit_grouped,
     kbit_quantize_experts,
     kbit_repack_experts,
@@ -112,6 +114,10 @@ class FusedExperts(nn.Module):
     def _grouped(self, proj: str) -> GroupedLinear:
         raise NotImplementedError
 
+    def _experts_op(self) -> ExpertsOp | None:
+        """All of moe_forward as one op, where the format has it (kbit)."""
+        return None
+
     def _serialized_state(self, proj: str) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
@@ -121,7 +127,7 @@ class FusedExperts(nn.Module):
             raise RuntimeError(f"{type(self).__name__} '{self.layer_name}': weights not repacked yet (call repack_())")
         # Expert ids outside [0, E) (transformers' expert-parallel sentinels) get weight 0 (moe_route).
         return moe_forward(hidden_states, top_k_weights, top_k_index, self.num_experts, self._grouped("gate_up_proj"),
-                           self._grouped("down_proj"), self.act_fn)
+                           self._grouped("down_proj"), self.act_fn, experts_op=self._experts_op())
 
     def _save_to_state_dict(self, destination: dict[str, Any], prefix: str, keep_vars: bool) -> None:
         """Always save the serialized (portable, TP-shardable) format, never the resident one."""
@@ -211,6 +217,10 @@ class KbitExperts(FusedExperts):
     def _grouped(self, proj: str) -> GroupedLinear:
         return kbit_grouped(getattr(self, proj + "_packed"), getattr(self, proj + "_absmax"), self.codebook,
                             self.bits, self._shapes()[proj][0])
+
+    def _experts_op(self) -> ExpertsOp | None:
+        return kbit_experts_op(self.gate_up_proj_packed, self.gate_up_proj_absmax, self.down_proj_packed,
+                               self.down_proj_absmax, self.codebook, self.bits)
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         """Accept serialized tensors in load_state_dict while resident (repacks them)."""

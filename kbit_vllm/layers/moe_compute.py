@@ -28,6 +28,9 @@ from .. import ops
 
 GroupedLinear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """(rows sorted by expert [N, in], expert_offsets int32 [E+1]) -> [N, out]."""
+ExpertsOp = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, str], torch.Tensor]
+"""(x [T, H], topk_weights [T, K], topk_ids [T, K], expert_map, activation name) -> [T, H]: every step of
+moe_forward in one op (kbit_moe_experts), for experts whose two projections share a codebook."""
 
 
 # transformers' activation modules (by class name: no transformers import here) of the same math.
@@ -49,15 +52,20 @@ def gated_act_name(act_fn: Callable[[torch.Tensor], torch.Tensor]) -> str | None
 def moe_forward(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
                 w13: GroupedLinear, w2: GroupedLinear, act_fn: Callable[[torch.Tensor], torch.Tensor],
                 expert_map: torch.Tensor | None = None, apply_router_weight_on_input: bool = False,
-                act_name: str | None = None) -> torch.Tensor:
+                act_name: str | None = None, experts_op: ExpertsOp | None = None) -> torch.Tensor:
     """sum_k w[t,k] * down_e(act(gate_e(x_t)) * up_e(x_t)), e = topk_ids[t,k]; x [T, H] -> [T, H].
 
     w13 returns [gate | up] (concatenated halves) per row. Pairs whose (mapped) expert is not
     local contribute nothing (moe_route_gather). act_name (or an act_fn gated_act_name knows) runs the
     fused moe_gated_act; any other act_fn runs as torch ops with the same fp32 math. The k
-    outputs of a token are summed in fp32 in k order (moe_combine: deterministic).
+    outputs of a token are summed in fp32 in k order (moe_combine: deterministic). experts_op,
+    where given, runs all of it as one op for a fused activation with the router weights on the
+    outputs (on CUDA one kernel for a decode-sized batch: ops.kbit_moe_experts).
     """
     top_k = topk_ids.shape[-1]
+    name = act_name or gated_act_name(act_fn)
+    if experts_op is not None and name is not None and not apply_router_weight_on_input:
+        return experts_op(x, topk_weights.reshape(-1, top_k), topk_ids.reshape(-1, top_k), expert_map, name)
     _, slot, offsets, weights, rows = ops.moe_route_gather(topk_ids.reshape(-1, top_k),
                                                            topk_weights.reshape(-1, top_k), num_experts, expert_map, x)
     if apply_router_weight_on_input:  # vLLM: scale the input rows, then sum outputs unweighted
@@ -65,7 +73,6 @@ def moe_forward(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Ten
         rows = (rows.to(torch.float32) * per_row.unsqueeze(-1)).to(x.dtype)
         weights = (weights != 0).to(torch.float32)  # a zero weight zeroed the row: its output is 0 either way
     gate_up = w13(rows, offsets)
-    name = act_name or gated_act_name(act_fn)
     if name is not None:
         act = ops.moe_gated_act(gate_up, name)
     else:  # in fp32 with one rounding, like the fused op
@@ -122,6 +129,16 @@ def kbit_grouped(packed_t: torch.Tensor, absmax_t: torch.Tensor, codebook: torch
     """A GroupedLinear over one stacked tiled kbit weight."""
     return lambda rows, offsets: ops.kbit_grouped_linear(rows, packed_t, absmax_t, codebook, offsets, k,
                                                          out_features)
+
+
+def kbit_experts_op(w13_packed: torch.Tensor, w13_absmax: torch.Tensor, w2_packed: torch.Tensor,
+                    w2_absmax: torch.Tensor, codebook: torch.Tensor, k: int) -> ExpertsOp:
+    """moe_forward's experts_op for stacked tiled kbit experts whose w13 and w2 share `codebook`."""
+    def run(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, expert_map: torch.Tensor | None,
+            activation: str) -> torch.Tensor:
+        return ops.kbit_moe_experts(x, topk_ids, topk_weights, expert_map, w13_packed, w13_absmax, w2_packed,
+                                    w2_absmax, codebook, k, activation)
+    return run
 
 
 def check_expert_scales_finite(scales: torch.Tensor, layer: str, proj: str) -> None:

@@ -36,10 +36,12 @@ from vllm.platforms import current_platform
 
 from ..formats import AWQ_GROUP_SIZES, BLOCK, check_bits
 from .moe_compute import (
+    ExpertsOp,
     awq_grouped,
     awq_repack_experts,
     check_expert_dims,
     check_expert_scales_finite,
+    kbit_experts_op,
     kbit_grouped,
     kbit_quantize_experts,
     kbit_repack_experts,
@@ -102,11 +104,16 @@ class _MoEMethodBase(FusedMoEMethodBase):
     def _w2(self, layer: torch.nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         raise NotImplementedError
 
+    def _experts_op(self, layer: torch.nn.Module) -> ExpertsOp | None:
+        """All of moe_forward as one op, where the method has it (kbit, one codebook for w13 and w2)."""
+        return None
+
     def _experts(self, layer: torch.nn.Module, x: torch.Tensor, topk_weights: torch.Tensor,
                  topk_ids: torch.Tensor) -> torch.Tensor:
         return moe_forward(x, topk_weights, topk_ids, layer.local_num_experts, self._w13(layer), self._w2(layer),
                            self.act_fn, expert_map=layer.expert_map, act_name=self.act_name,
-                           apply_router_weight_on_input=bool(layer.apply_router_weight_on_input))
+                           apply_router_weight_on_input=bool(layer.apply_router_weight_on_input),
+                           experts_op=self._experts_op(layer))
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
               shared_experts: Any = None, shared_experts_input: torch.Tensor | None = None) -> torch.Tensor:
@@ -151,12 +158,20 @@ class _KbitMoEBase(_MoEMethodBase):
         _set_param(layer, f"{name}_absmax", absmax_t)
         _set_param(layer, f"{name}_codebook", codebook.to(device=packed_t.device, dtype=torch.float32).contiguous())
         setattr(layer, f"kbit_{name}_out", packed.shape[1])
+        if name == "w2":  # at load, so the forward never compares (a host sync)
+            layer.kbit_shared_codebook = bool(torch.equal(layer.w13_codebook, layer.w2_codebook))
 
     def _w13(self, layer: torch.nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         return kbit_grouped(layer.w13_packed, layer.w13_absmax, layer.w13_codebook, self.bits, layer.kbit_w13_out)
 
     def _w2(self, layer: torch.nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         return kbit_grouped(layer.w2_packed, layer.w2_absmax, layer.w2_codebook, self.bits, layer.kbit_w2_out)
+
+    def _experts_op(self, layer: torch.nn.Module) -> ExpertsOp | None:
+        if not getattr(layer, "kbit_shared_codebook", False):
+            return None
+        return kbit_experts_op(layer.w13_packed, layer.w13_absmax, layer.w2_packed, layer.w2_absmax,
+                               layer.w13_codebook, self.bits)
 
 
 class KbitOnlineMoEMethod(_KbitMoEBase):
