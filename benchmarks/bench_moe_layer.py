@@ -5,9 +5,10 @@ bench_moe.py times the grouped GEMMs alone, back to back; at decode a layer is a
 router of torch kernels (no PDL). This times the layer end to end: router logits, softmax, top-k
 and renormalize in torch (vLLM's topkGating stands in), then kbit_vllm's moe_forward with k=4
 experts of Qwen3-30B-A3B shapes (128 experts, hidden 2048, intermediate 768, top-8). Variants in
-the same run: the layer as shipped; PDL off (KBIT_VLLM_PDL=0's switch, at run time); routing and
-gather as two kernels (moe_route, then moe_gather: the glue of session 16, before the routing CTA
-copied a decode batch's rows itself).
+the same run: the layer as shipped (moe_forward with the kbit experts op, kbit_moe_experts: one
+kernel at decode); moe_forward's five ops; PDL off (KBIT_VLLM_PDL=0's switch, at run time); the five
+ops with routing and gather as two kernels (moe_route, then moe_gather: the glue of session 16,
+before the routing CTA copied a decode batch's rows itself).
 
 One CUDA graph calls the layer over LAYERS copies of the expert weights with a routing of their
 own each (their active experts exceed the L2); median of replays, per layer.
@@ -31,6 +32,7 @@ from bench_kbit import start_run, time_graph  # noqa: E402
 from kbit_vllm import normal_float_codebook, ops  # noqa: E402
 from kbit_vllm.backends.cuda.library import LIB  # noqa: E402
 from kbit_vllm.layers.moe_compute import (  # noqa: E402
+    kbit_experts_op,
     kbit_grouped,
     kbit_quantize_experts,
     kbit_repack_experts,
@@ -51,19 +53,23 @@ def make_layers() -> list[dict]:
     layers = []
     for _ in range(LAYERS):
         lay = {"router": torch.randn(N_EXP, HIDDEN, device="cuda", dtype=torch.bfloat16) * 0.02}
-        for name, (pt, at, o) in base.items():
-            lay[name] = kbit_grouped(pt.clone(), at.clone(), cb, K, o)
+        tiled = {name: (pt.clone(), at.clone()) for name, (pt, at, _) in base.items()}
+        for name, (_, _, o) in base.items():
+            lay[name] = kbit_grouped(*tiled[name], cb, K, o)
+        lay["experts_op"] = kbit_experts_op(*tiled["w13"], *tiled["w2"], cb, K)
         layers.append(lay)
     return layers
 
 
-def layer_call(lay: dict, x: torch.Tensor):
-    """The layer as vLLM runs it: torch router (no PDL), then moe_forward."""
+def layer_call(lay: dict, x: torch.Tensor, one_op: bool):
+    """The layer as vLLM runs it: torch router (no PDL), then moe_forward (one_op: with the experts op,
+    kbit_moe_experts, as the kbit FusedMoE method passes it; else the five ops)."""
     def run() -> torch.Tensor:
         probs = torch.softmax((x @ lay["router"].t()).float(), dim=-1)
         w, ids = torch.topk(probs, TOP_K, dim=-1)
         w = w / w.sum(-1, keepdim=True)
-        return moe_forward(x, w, ids.to(torch.int32), N_EXP, lay["w13"], lay["w2"], F.silu)
+        return moe_forward(x, w, ids.to(torch.int32), N_EXP, lay["w13"], lay["w2"], F.silu,
+                           experts_op=lay["experts_op"] if one_op else None)
     return run
 
 
@@ -75,7 +81,8 @@ def route_then_gather(ids, w, n_exp, emap, x):
 
 @contextlib.contextmanager
 def variant(name: str):
-    """'ours' as shipped, 'no_pdl' with the PDL switch off, 'unfused' routing and gather apart."""
+    """'ours' as shipped (the experts op), 'five_ops' moe_forward's five ops, 'no_pdl' ours with the PDL
+    switch off, 'unfused' the five ops with routing and gather apart."""
     saved = ops.moe_route_gather
     if name == "no_pdl":
         LIB.kbit_vllm_set_pdl(0)
@@ -91,7 +98,7 @@ def variant(name: str):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", default="1,4,16,64")
-    ap.add_argument("--variants", default="ours,no_pdl,unfused")
+    ap.add_argument("--variants", default="ours,five_ops,no_pdl,unfused")
     ap.add_argument("--rounds", type=int, default=1, help="times each variant, interleaved (cells: one per round)")
     args = ap.parse_args()
     start_run()
@@ -105,7 +112,8 @@ def main() -> None:
         for _ in range(args.rounds):
             for name in names:
                 with variant(name):
-                    us = time_graph([layer_call(lay, x) for lay, x in zip(layers, xs, strict=True)])
+                    one_op = name in ("ours", "no_pdl")
+                    us = time_graph([layer_call(lay, x, one_op) for lay, x in zip(layers, xs, strict=True)])
                 cells[name].append(f"{us:.1f}")
         print(f"| {t} | " + " | ".join(" / ".join(cells[n]) for n in names) + " |", flush=True)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one GPU-machine script: checks and times the carried library (builds nothing).
 # On the GPU machine, from the repo root, with kbit_vllm/lib carried prebuilt:
-#   STEPS="tests fuzz sanitize bench_kbit bench_awq bench_moe bench_moe_layer ncu" bash benchmarks/device_run.sh
+#   STEPS="tests fuzz sanitize bench_kbit bench_awq bench_moe bench_moe_layer bench_moe_experts ncu" bash benchmarks/device_run.sh
 # Steps (default "tests bench_kbit"), each with its own time limit, logs under $OUT (./device_out):
 #   tests       every GPU test module (CUDA kernels, HF on CUDA, MoE compute, fuzz short mode), or $TESTS
 #   fuzz        scripts/fuzz_long.py for FUZZ_SECONDS (default 90)
@@ -9,6 +9,7 @@
 #   bench_kbit  benchmarks/bench_kbit.py $BENCH_KBIT_ARGS     bench_awq  benchmarks/bench_awq.py $BENCH_AWQ_ARGS
 #   bench_moe   benchmarks/bench_moe.py $BENCH_MOE_ARGS
 #   bench_moe_layer  benchmarks/bench_moe_layer.py $BENCH_MOE_LAYER_ARGS (whole Qwen3-MoE layers, with variants)
+#   bench_moe_experts  benchmarks/bench_moe_experts.py $BENCH_MOE_EXPERTS_ARGS (kbit_moe_experts: one kernel / five ops / fp16)
 #   exp_rows    benchmarks/exp_wgmma_rows.py $EXP_ROWS_ARGS (issue 3: the wgmma kernel at each row tile past 64 rows)
 #   ncu         benchmarks/profile_ncu.sh over NCU_CONFIGS ("in out k path m;in out k path m")
 set -o pipefail
@@ -16,7 +17,8 @@ OUT=${OUT:-device_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-.}
 STEPS=${STEPS:-tests bench_kbit}
-TESTS=${TESTS:-tests/test_cuda_kbit.py tests/test_cuda_awq.py tests/test_cuda_moe.py tests/test_cuda_moe_glue.py tests/test_cuda_pdl.py
+TESTS=${TESTS:-tests/test_cuda_kbit.py tests/test_cuda_awq.py tests/test_cuda_moe.py tests/test_cuda_moe_glue.py
+  tests/test_cuda_moe_experts.py tests/test_cuda_pdl.py
   tests/test_moe_compute.py tests/test_hf_kbit.py tests/test_hf_awq.py tests/test_hf_moe.py tests/test_hf_awq_moe.py
   tests/test_fuzz.py}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
@@ -39,6 +41,8 @@ for step in $STEPS; do
              > "$OUT/bench_moe.log" 2>&1 ;;
     bench_moe_layer) timeout 200 python3 benchmarks/bench_moe_layer.py $BENCH_MOE_LAYER_ARGS \
              > "$OUT/bench_moe_layer.log" 2>&1 ;;
+    bench_moe_experts) timeout 200 python3 benchmarks/bench_moe_experts.py $BENCH_MOE_EXPERTS_ARGS \
+             > "$OUT/bench_moe_experts.log" 2>&1 ;;
     exp_rows) timeout 300 python3 benchmarks/exp_wgmma_rows.py --json "$OUT/exp_rows.json" \
              $EXP_ROWS_ARGS > "$OUT/exp_rows.log" 2>&1 ;;
     ncu) IFS=';' read -r -a cfgs <<< "${NCU_CONFIGS:-4096 28672 4 gemv 1}"
