@@ -26,7 +26,7 @@ SUMMARY="$OUT/sanitize_summary.md"
 status=0
 # memcheck runs every family in one process; racecheck and initcheck one process per family
 # (SANITIZE_FAMILIES overrides), so an abort inside one family leaves the others' verdicts.
-FAMILIES=${SANITIZE_FAMILIES:-kbit_formats kbit_gemv kbit_mma kbit_dequant awq kbit_grouped awq_grouped}
+FAMILIES=${SANITIZE_FAMILIES:-kbit_formats kbit_gemv kbit_mma kbit_dequant awq kbit_grouped awq_grouped kbit_moe_experts}
 for tool in $TOOLS; do
   extra=()
   [ "$tool" = racecheck ] && extra+=(--racecheck-report all)

@@ -3,8 +3,9 @@
 dense kbit: quantize (fp16/bf16/fp32), dequantize, repack, unrepack, GEMV (stream-K and cluster),
 MMA (split-K and not), tiled dequant + cuBLAS; awq: repack, GEMV (stream-K, warp), MMA, dequant; grouped
 kbit: stream-K GEMV, slot GEMV, MMA (bm 16 / 64, split-K, deterministic and not); grouped awq:
-GEMV, MMA. Both activation dtypes. Outputs are compared with the PyTorch path loosely (a crash or
-garbage fails the run, precision is the fuzz sweep's job). Prints one line per call.
+GEMV, MMA; the fused kbit MoE experts kernel. Both activation dtypes. Outputs are compared with the
+PyTorch path loosely (a crash or garbage fails the run, precision is the fuzz sweep's job). Prints
+one line per call.
 
 `python3 scripts/sanitize_driver.py [FAMILY ...]` runs only the named families (FAMILIES; the
 setup kernels, quantize and repack, always run), so a sanitizer that aborts on one family
@@ -22,11 +23,13 @@ from kbit_vllm import normal_float_codebook, ops
 from kbit_vllm.backends import reference as ref
 from kbit_vllm.backends.cuda import awq_ops, library
 from kbit_vllm.backends.cuda import ops as cops
+from kbit_vllm.backends.cuda.moe_experts import moe_experts_path
 from kbit_vllm.formats import quantize_awq_rtn
 
 DEV = "cuda"
 FAIL: list[str] = []
-FAMILIES = ("kbit_formats", "kbit_gemv", "kbit_mma", "kbit_dequant", "awq", "kbit_grouped", "awq_grouped")
+FAMILIES = ("kbit_formats", "kbit_gemv", "kbit_mma", "kbit_dequant", "awq", "kbit_grouped", "awq_grouped",
+            "kbit_moe_experts")
 ONLY: set[str] = set(FAMILIES)
 
 
@@ -118,6 +121,23 @@ def grouped(dtype: torch.dtype) -> None:
                   awq_ops.grouped_path(x, wq, sz, offs, 64, out_f, path, bm), want_awq)
 
 
+def fused_moe(dtype: torch.dtype) -> None:
+    """The fused MoE experts kernel (two phases, ready flags) against the five ops, one token and three."""
+    g = torch.Generator(device="cpu").manual_seed(3)
+    k, n_exp, hidden, inter, top_k = 4, 8, 256, 128, 4
+    cb = normal_float_codebook(k, DEV)
+    tiled = []
+    for o, i in ((2 * inter, hidden), (hidden, inter)):
+        packed = [ops.kbit_quantize(torch.randn(o, i, generator=g).to(DEV) * 0.05, cb, k) for _ in range(n_exp)]
+        tiled += [torch.stack(t) for t in zip(*(ops.kbit_repack(p, a, k) for p, a in packed), strict=True)]
+    for tokens in (1, 3):
+        x = torch.randn(tokens, hidden, generator=g).to(dtype).to(DEV)
+        w, ids = torch.topk(torch.softmax(torch.randn(tokens, n_exp, generator=g), -1), top_k, dim=-1)
+        args = (x, ids.to(torch.int32).to(DEV), w.to(DEV), None, *tiled, cb, k, "silu")
+        check(f"kbit_moe_experts fused tokens={tokens} {dtype}", moe_experts_path(*args, path="fused"),
+              moe_experts_path(*args, path="unfused"))
+
+
 def awq(dtype: torch.dtype) -> None:
     g = torch.Generator(device="cpu").manual_seed(2)
     out_f, in_f, gs = 256, 1024, 128
@@ -150,6 +170,8 @@ def main() -> int:
             awq(dtype)
         if ONLY & {"kbit_grouped", "awq_grouped"}:
             grouped(dtype)
+        if "kbit_moe_experts" in ONLY:
+            fused_moe(dtype)
     torch.cuda.synchronize()
     print(f"driver done, {len(FAIL)} failed checks: {FAIL}")
     return 1 if FAIL else 0
