@@ -102,6 +102,33 @@ __device__ __forceinline__ void mx_unit(const uint4 (&p)[K], uint32_t a, const u
     for (int r = 0; r < 4; ++r) part[r] = acc[r][0];
 }
 
+// Units [lo, hi) of one run of consecutive units: each unit's weights and input requested one unit
+// ahead (load(u, p, absmax word, input value)), the input staged, the unit's 4 row sums and the
+// staging inverse handed to add(u, part, inv).
+template <int K, typename Load, typename Add>
+__device__ __forceinline__ void mx_units(int lo, int hi, uint32_t* tbl, int& slot, const char* tblc, uint32_t lane4,
+                                         Load load, Add add) {
+    uint4 p[K];
+    uint32_t am;
+    float xv;
+    load(lo, p, am, xv);
+    for (int u = lo; u < hi; ++u) {
+        uint4 pn[K];
+        uint32_t an = 0;
+        float xn = 0.f;
+        if (u + 1 < hi) load(u + 1, pn, an, xn);
+        slot ^= 1;
+        const float inv = mx_stage<K>(tbl, slot, xv);
+        float part[4];
+        mx_unit<K>(p, am, tbl, slot, tblc, lane4, part);
+        add(u, part, inv);
+#pragma unroll
+        for (int b = 0; b < K; ++b) p[b] = pn[b];
+        am = an;
+        xv = xn;
+    }
+}
+
 __device__ __forceinline__ int ld_acquire(const int* p) {
     int v;
     asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -184,19 +211,7 @@ moe_experts_kernel(const T* __restrict__ x, const int* __restrict__ ids, const f
             xv = bits_to_float(__ldg(xrow + j * kBlock + lane), kBf16);
         };
         float accg[4] = {0.f, 0.f, 0.f, 0.f}, accu[4] = {0.f, 0.f, 0.f, 0.f};
-        uint4 p[K];
-        uint32_t am;
-        float xv;
-        load(lo, p, am, xv);
-        for (int u = lo; u < hi; ++u) {
-            uint4 pn[K];
-            uint32_t an = 0;
-            float xn = 0.f;
-            if (u + 1 < hi) load(u + 1, pn, an, xn);
-            slot ^= 1;
-            const float inv = mx_stage<K>(tbl, slot, xv);
-            float part[4];
-            mx_unit<K>(p, am, tbl, slot, tblc, lane4, part);
+        mx_units<K>(lo, hi, tbl, slot, tblc, lane4, load, [&](int u, const float (&part)[4], float inv) {
             const bool up = u - s0 >= d.nbH;
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
@@ -205,11 +220,7 @@ moe_experts_kernel(const T* __restrict__ x, const int* __restrict__ ids, const f
                 else
                     accg[r] = fmaf(part[r], inv, accg[r]);
             }
-#pragma unroll
-            for (int b = 0; b < K; ++b) p[b] = pn[b];
-            am = an;
-            xv = xn;
-        }
+        });
         const int tile = i * d.nta + at;
         if (lo != s0 || hi != s0 + st_a) {
             float* sl = acc_a + (static_cast<size_t>(tile) * 32 + lane) * 8;
@@ -261,26 +272,10 @@ moe_experts_kernel(const T* __restrict__ x, const int* __restrict__ ids, const f
                     xv = bits_to_float(__ldcg(arow + j * kBlock + lane), kBf16);
                 };
                 float accs[4] = {0.f, 0.f, 0.f, 0.f};
-                uint4 p[K];
-                uint32_t am;
-                float xv;
-                load(r0, p, am, xv);
-                for (int u = r0; u < r1; ++u) {
-                    uint4 pn[K];
-                    uint32_t an = 0;
-                    float xn = 0.f;
-                    if (u + 1 < r1) load(u + 1, pn, an, xn);
-                    slot ^= 1;
-                    const float inv = mx_stage<K>(tbl, slot, xv);
-                    float part[4];
-                    mx_unit<K>(p, am, tbl, slot, tblc, lane4, part);
+                mx_units<K>(r0, r1, tbl, slot, tblc, lane4, load, [&](int, const float (&part)[4], float inv) {
 #pragma unroll
                     for (int r = 0; r < 4; ++r) accs[r] = fmaf(part[r], inv, accs[r]);
-#pragma unroll
-                    for (int b = 0; b < K; ++b) p[b] = pn[b];
-                    am = an;
-                    xv = xn;
-                }
+                });
 #pragma unroll
                 for (int r = 0; r < 4; ++r) acc[r] = fmaf(accs[r], ws, acc[r]);
             }
