@@ -32,7 +32,9 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 KS = (2, 3, 4, 5)
 GROUPS = (32, 64, 128)
 OPS = ("kbit_quantize", "kbit_dequantize", "kbit_repack", "kbit_linear", "kbit_grouped_linear",
-       "awq_dequantize", "awq_linear", "awq_grouped_linear")
+       "awq_dequantize", "awq_linear", "awq_grouped_linear", "kbit_moe_experts")
+GATES = {"silu": lambda t: t / (1 + torch.exp(-t)), "gelu": lambda t: 0.5 * t * (1 + torch.erf(t / math.sqrt(2))),
+         "gelu_tanh": lambda t: 0.5 * t * (1 + torch.tanh(math.sqrt(2 / math.pi) * (t + 0.044715 * t ** 3)))}
 
 
 # --- independent float64 reference --------------------------------------------------------------
@@ -408,6 +410,55 @@ class Runner:
                                   prec)
                 self._check_linear(prec, y, want, bad, dtype)
 
+    def kbit_moe(self) -> None:
+        """kbit_moe_experts (a MoE layer's routed experts) against a float64 per-token loop; on CUDA also
+        its one-kernel path by name wherever it can run (fp16 / bf16, intermediate a multiple of 128)."""
+        g, dev = self.gen, self.device
+        k, dtype, act = _pick(g, KS), _pick(g, DTYPES), _pick(g, tuple(GATES))
+        hidden = _rand_in(g, 32, self.sizes["in"] // 2)
+        inter = _rand_in(g, _pick(g, (32, 128)), self.sizes["out"])
+        n_exp = _pick(g, (1, 2, 8, 16, 64))
+        top_k = min(n_exp, _pick(g, (1, 2, 4, 8)))
+        tokens = _pick(g, (0, 1, 2, 3, 5, 8, 17))
+        cb = normal_float_codebook(k, dev)
+        tiled: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {"w13": [], "w2": []}
+        w64: dict[str, list[torch.Tensor]] = {"w13": [], "w2": []}
+        for name, (o, i) in (("w13", (2 * inter, hidden)), ("w2", (hidden, inter))):
+            for _ in range(n_exp):
+                p, a = ops.kbit_quantize(_weight(g, o, i, dev) * 0.1, cb, k)
+                tiled[name].append(ops.kbit_repack(p, a, k))
+                w64[name].append(ref_kbit_weight(ref_codes_serialized(p, k), a, cb))
+        pt = [torch.stack([t[j] for t in tiled[n]]) for n in ("w13", "w2") for j in (0, 1)]
+        ids = torch.stack([torch.randperm(n_exp, generator=g)[:top_k] for _ in range(tokens)]) if tokens else \
+            torch.zeros(0, top_k, dtype=torch.int64)
+        if tokens and bool(torch.randint(0, 3, (), generator=g) == 0):
+            ids[0, 0] = _pick(g, (-1, n_exp))  # not served here: contributes nothing
+        ids = ids.to(_pick(g, (torch.int32, torch.int64))).to(dev)
+        w = torch.rand(tokens, top_k, generator=g).to(dev)
+        x, _ = _x(g, tokens, hidden, dtype, dev, False)
+        want = torch.zeros(tokens, hidden, dtype=torch.float64, device=dev)
+        for t in range(tokens):
+            for j in range(top_k):
+                e = int(ids[t, j])
+                if 0 <= e < n_exp:
+                    h = w64["w13"][e] @ x[t].to(torch.float64)
+                    want[t] += float(w[t, j]) * (w64["w2"][e] @ (GATES[act](h[:inter]) * h[inter:]))
+        rec = {"op": "kbit_moe_experts", "k": k, "dtype": str(dtype).split(".")[-1], "in": hidden, "out": inter,
+               "m": tokens, "experts": n_exp}
+        runs = [("op", lambda: ops.kbit_moe_experts(x, ids, w, None, *pt, cb, k, act))]
+        if self.cuda and dtype != torch.float32 and inter % 128 == 0:
+            from .backends.cuda.moe_experts import moe_experts_path
+
+            runs.append(("fused", lambda: moe_experts_path(x, ids, w, None, *pt, cb, k, act, path="fused")))
+        for path, fn in runs:
+            prec = {**rec, "path": path}
+            self.sweep.records.append(prec)
+            y = fn()
+            if not bool(torch.isfinite(y).all()):
+                self.sweep.failures.append(f"{_name(prec)}: non-finite outputs")
+            elif tokens and rel_err(y, want, 1e-30) > 2 * TOL[dtype]:  # two GEMMs and the act's rounding
+                self.sweep.failures.append(f"{_name(prec)}: max-norm relative error {rel_err(y, want):.3g}")
+
     # --- awq
     def _awq_weight(self, out_f: int, in_f: int, gs: int, sdtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         g = self.gen
@@ -478,7 +529,7 @@ class Runner:
     def one(self) -> None:
         """One random case of one random op family."""
         fam = _pick(self.gen, (self.kbit_formats, self.kbit_linear, self.kbit_linear, self.kbit_grouped,
-                               self.awq, self.awq_grouped))
+                               self.awq, self.awq_grouped, self.kbit_moe))
         try:
             fam()
         except Exception as e:  # a crash is a failure of the sweep, not of the harness

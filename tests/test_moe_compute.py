@@ -268,3 +268,15 @@ def test_experts_op_errors_name_the_op(gen: torch.Generator) -> None:
         ops.kbit_moe_experts(x, ids, w, None, t[0], t[1], t[2][:3], t[3][:3], t[4], 4, "silu")
     with pytest.raises(ValueError, match=r"kbit_moe_experts \(w13\): packed_tiled must be"):
         ops.kbit_moe_experts(x, ids, w, None, *t[:4], normal_float_codebook(3), 3, "silu")
+
+
+def test_empty_batch(gen: torch.Generator) -> None:
+    """No tokens (an idle data-parallel rank's dummy batch): an empty output, through both paths."""
+    from kbit_vllm.layers.moe_compute import kbit_experts_op
+
+    t, _ = tiled_experts(gen)
+    x, w, ids = torch.zeros(0, H), torch.zeros(0, K), torch.zeros(0, K, dtype=torch.int32)
+    w13 = kbit_grouped(t[0], t[1], t[4], 4, 2 * INTER)
+    w2 = kbit_grouped(t[2], t[3], t[4], 4, H)
+    for op in (None, kbit_experts_op(*t, 4)):
+        assert moe_forward(x, w, ids, E, w13, w2, F.silu, experts_op=op).shape == (0, H)

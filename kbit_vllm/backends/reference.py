@@ -166,7 +166,7 @@ def moe_combine(down, slot, weights, top_k):
     """Sums the top_k pairs of each token in k order, in fp32 (the order the kernel uses)."""
     C.check_moe_combine(down, slot, weights, top_k)
     n_tok = down.shape[0] // top_k
-    pairs = down.index_select(0, slot.to(torch.int64)).to(torch.float32).view(n_tok, top_k, -1)
+    pairs = down.index_select(0, slot.to(torch.int64)).to(torch.float32).view(n_tok, top_k, down.shape[1])
     w = weights.view(n_tok, top_k, 1)
     acc = torch.zeros((n_tok, down.shape[1]), dtype=torch.float32, device=down.device)
     for k in range(top_k):
