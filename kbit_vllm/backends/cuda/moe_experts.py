@@ -24,7 +24,7 @@ from .ops import gemv_sk_warps
 from .scratch import scratch
 
 _ACT_CODES = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
-MIN_UNITS = 2  # work units per warp at least (the kernel's kMxMinUnits)
+MIN_UNITS = 2  # work units per warp at least, for the grid size (the kernel: kMxMinUnitsA / B)
 _OCC: dict[tuple[int, int, str], int] = {}
 
 
