@@ -35,8 +35,6 @@
 #include "moe_common.cuh"
 #include "pdl.cuh"
 
-#include <type_traits>
-
 namespace kbit {
 
 namespace {
@@ -47,25 +45,14 @@ namespace {
 // 37.7 / 63.0; 4, 8: 28.6 / 34.4 / 42.1 / 60.9.
 constexpr int kMxMinUnitsA = 2, kMxMinUnitsB = 2;
 
+// The kernel's unit counts, from its shape arguments.
 struct MxDims {
-    int tokens, topk, n_exp, H, I;
     int nta, nbH, nbI, ntH;  // act tiles (I / 128), x blocks (H / 32), act blocks (I / 32), y tiles
-    int per_item_a, units_a, per_tok_b, units;
-    __device__ __forceinline__ void init(int t_, int k_, int e_, int h_, int i_) {
-        tokens = t_;
-        topk = k_;
-        n_exp = e_;
-        H = h_;
-        I = i_;
-        nta = I / kTileN;
-        nbH = H / kBlock;
-        nbI = I / kBlock;
-        ntH = (H + kTileN - 1) / kTileN;
-        per_item_a = 2 * nta * nbH;
-        units_a = tokens * topk * per_item_a;
-        per_tok_b = ntH * topk * nbI;
-        units = units_a + tokens * per_tok_b;
-    }
+    int per_item_a, units_a, per_tok_b, units_b;
+    __device__ __forceinline__ MxDims(int tokens, int topk, int H, int I)
+        : nta(I / kTileN), nbH(H / kBlock), nbI(I / kBlock), ntH((H + kTileN - 1) / kTileN),
+          per_item_a(2 * nta * nbH), units_a(tokens * topk * per_item_a), per_tok_b(ntH * topk * nbI),
+          units_b(tokens * per_tok_b) {}
 };
 
 // Local expert of item i, or -1 when the pair is not served here (expert_map -1 or out of range).
@@ -74,10 +61,6 @@ __device__ __forceinline__ int mx_expert(const int* __restrict__ ids, const int*
     int e = __ldg(ids + i);
     if (emap != nullptr) e = (e >= 0 && e < n_global) ? __ldg(emap + e) : -1;
     return (e >= 0 && e < n_exp) ? e : -1;
-}
-
-__device__ __forceinline__ float bits_to_float(unsigned short b, bool bf16) {
-    return bf16 ? __uint_as_float(static_cast<uint32_t>(b) << 16) : __half2float(__ushort_as_half(b));
 }
 
 // Stage the unit's 32 inputs (lane l holds input l as float) into the warp's shared slot as fp16
@@ -154,7 +137,6 @@ moe_experts_kernel(const T* __restrict__ x, const int* __restrict__ ids, const f
                    int tokens, int topk, int n_exp, int H, int I, int fn) {
     static_assert(K >= 2 && K <= 5, "k = 2..5");
     constexpr int W = SkCfg<K>::kWarps;
-    constexpr bool kBf16 = std::is_same<T, __nv_bfloat16>::value;
     extern __shared__ uint4 smem_mx[];
     uint32_t* tbl = reinterpret_cast<uint32_t*>(smem_mx);
     const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
@@ -163,8 +145,7 @@ moe_experts_kernel(const T* __restrict__ x, const int* __restrict__ ids, const f
         sk_build_table<K>(tbl, lane_codebook<K>(codebook, lane), SkCfg<K>::kThreads);
     else
         build_wide_lut<K>(tbl, codebook);
-    MxDims d;
-    d.init(tokens, topk, n_exp, H, I);
+    const MxDims d(tokens, topk, H, I);
     const int P = tokens * topk;
     // Scratch: fp32 [A slots: P * nta * 32 lanes * 8][B slots: tokens * ntH * 32 * 4];
     // int [A counters: P * nta][flags: P * nta][B counters: tokens * ntH][tokens] (moe_experts_scratch).
@@ -177,9 +158,8 @@ moe_experts_kernel(const T* __restrict__ x, const int* __restrict__ ids, const f
     // Each phase splits its units over its own warps (at least kMxMinUnits* units each, at most one
     // range per warp of the grid, never an empty one: sk_owner counts a tile's warps from the ranges);
     // a warp runs its A range, then its B range.
-    const int units_b = d.units - d.units_a;
     const int warps_a = min(static_cast<int>(gridDim.x) * W, max(1, d.units_a / kMxMinUnitsA));
-    const int warps_b = min(static_cast<int>(gridDim.x) * W, max(1, units_b / kMxMinUnitsB));
+    const int warps_b = min(static_cast<int>(gridDim.x) * W, max(1, d.units_b / kMxMinUnitsB));
     const int warps = max(warps_a, warps_b);
     const int w = static_cast<int>(blockIdx.x) * W + wib;
     __syncthreads();  // the table
@@ -187,13 +167,11 @@ moe_experts_kernel(const T* __restrict__ x, const int* __restrict__ ids, const f
     pdl_wait();  // the routing (ids, weights), x, y and scratch only from here
     const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
     const char* tblc = reinterpret_cast<const char*>(tbl);
-    const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
-    const unsigned short* as = reinterpret_cast<const unsigned short*>(act);
     int slot = 2 * wib;  // this warp's two staging slots, alternating by unit
 
-    const int st_b = d.topk * d.nbI;  // this warp's B range (after its A range)
-    const int b_lo = w < warps_b ? static_cast<int>(sk_start(w, units_b, warps_b)) : 0;
-    const int b_hi = w < warps_b ? static_cast<int>(sk_start(w + 1, units_b, warps_b)) : 0;
+    const int st_b = topk * d.nbI;  // this warp's B range (after its A range)
+    const int b_lo = w < warps_b ? static_cast<int>(sk_start(w, d.units_b, warps_b)) : 0;
+    const int b_hi = w < warps_b ? static_cast<int>(sk_start(w + 1, d.units_b, warps_b)) : 0;
 
     // ---- phase A: super tiles (item, act tile) overlapped by this warp's A range [u0, a_end) ----
     const int st_a = 2 * d.nbH;
@@ -204,11 +182,11 @@ moe_experts_kernel(const T* __restrict__ x, const int* __restrict__ ids, const f
         const int e = mx_expert(ids, emap, n_global, n_exp, i);
         if (e < 0) continue;  // no warp finishes a dead item's tiles; B skips its slot
         const int lo = max(u0, s0), hi = min(a_end, s0 + st_a);
-        const unsigned short* xrow = xs + static_cast<size_t>(i / topk) * H;
+        const T* xrow = x + static_cast<size_t>(i / topk) * H;
         auto load = [&](int u, uint4 (&p)[K], uint32_t& am, float& xv) {
             const int r = u - s0, g = r >= d.nbH, j = r - g * d.nbH;
             sk_load<K>(p13, a13, (static_cast<long long>(e) * 2 * d.nta + g * d.nta + at) * d.nbH + j, lane, p, am);
-            xv = bits_to_float(__ldg(xrow + j * kBlock + lane), kBf16);
+            xv = to_float(__ldg(xrow + j * kBlock + lane));
         };
         float accg[4] = {0.f, 0.f, 0.f, 0.f}, accu[4] = {0.f, 0.f, 0.f, 0.f};
         mx_units<K>(lo, hi, tbl, slot, tblc, lane4, load, [&](int u, const float (&part)[4], float inv) {
@@ -252,11 +230,11 @@ moe_experts_kernel(const T* __restrict__ x, const int* __restrict__ ids, const f
         // slot runs [lo, hi) cut at slot boundaries; a slot's expert, weight and act row once per run
         for (int r0 = lo; r0 < hi;) {
             const int s = (r0 - s0) / d.nbI, r1 = min(hi, s0 + (s + 1) * d.nbI);
-            const int i = t * d.topk + s;
+            const int i = t * topk + s;
             const int e = mx_expert(ids, emap, n_global, n_exp, i);
             if (e >= 0) {
                 const float ws = __ldg(tw + i);
-                const unsigned short* arow = as + static_cast<size_t>(i) * I;
+                const T* arow = act + static_cast<size_t>(i) * I;
                 const int* fl = flags + i * d.nta;
                 int seen = -1;  // highest act tile whose flag this warp has acquired
                 auto load = [&](int u, uint4 (&p)[K], uint32_t& am, float& xv) {
@@ -269,7 +247,7 @@ moe_experts_kernel(const T* __restrict__ x, const int* __restrict__ ids, const f
                         __syncwarp();
                         seen = need;  // (a later tile may still be pending: need only grows)
                     }
-                    xv = bits_to_float(__ldcg(arow + j * kBlock + lane), kBf16);
+                    xv = to_float(__ldcg(arow + j * kBlock + lane));  // written in this launch: L2
                 };
                 float accs[4] = {0.f, 0.f, 0.f, 0.f};
                 mx_units<K>(r0, r1, tbl, slot, tblc, lane4, load, [&](int, const float (&part)[4], float inv) {
@@ -285,8 +263,8 @@ moe_experts_kernel(const T* __restrict__ x, const int* __restrict__ ids, const f
         if (lo != s0 || hi != s0 + st_b) {
             float* sl = acc_b + (static_cast<size_t>(tile) * 32 + lane) * 4;
             red_add4(sl, acc[0], acc[1], acc[2], acc[3]);
-            const int wf = static_cast<int>(sk_owner(s0, units_b, warps_b));
-            const int wl = static_cast<int>(sk_owner(s0 + st_b - 1, units_b, warps_b));
+            const int wf = static_cast<int>(sk_owner(s0, d.units_b, warps_b));
+            const int wl = static_cast<int>(sk_owner(s0 + st_b - 1, d.units_b, warps_b));
             if (!sk_warp_arrive_last(cnt_b + tile, wl - wf)) continue;
             const float4 f = sk_take4(reinterpret_cast<float4*>(sl));
             acc[0] = f.x, acc[1] = f.y, acc[2] = f.z, acc[3] = f.w;
@@ -299,7 +277,7 @@ moe_experts_kernel(const T* __restrict__ x, const int* __restrict__ ids, const f
         // The token's last y tile: every read of its pairs' ready flags is done (each reader counted
         // in at a y tile before), so they are reset for the next launch here.
         if (sk_warp_arrive_last(cnt_tok + t, d.ntH - 1))
-            for (int q = lane; q < d.topk * d.nta; q += 32) flags[t * d.topk * d.nta + q] = 0;
+            for (int q = lane; q < topk * d.nta; q += 32) flags[t * topk * d.nta + q] = 0;
     }
 }
 
