@@ -456,8 +456,8 @@ class Runner:
             y = fn()
             if not bool(torch.isfinite(y).all()):
                 self.sweep.failures.append(f"{_name(prec)}: non-finite outputs")
-            elif tokens and rel_err(y, want, 1e-30) > 2 * TOL[dtype]:  # two GEMMs and the act's rounding
-                self.sweep.failures.append(f"{_name(prec)}: max-norm relative error {rel_err(y, want):.3g}")
+            elif tokens and (err := rel_err(y, want)) > 2 * TOL[dtype]:  # two GEMMs and the act's rounding
+                self.sweep.failures.append(f"{_name(prec)}: max-norm relative error {err:.3g}")
 
     # --- awq
     def _awq_weight(self, out_f: int, in_f: int, gs: int, sdtype: torch.dtype) -> tuple[torch.Tensor, ...]:

@@ -25,6 +25,7 @@ from kbit_vllm.backends.cuda import awq_ops, library
 from kbit_vllm.backends.cuda import ops as cops
 from kbit_vllm.backends.cuda.moe_experts import moe_experts_path
 from kbit_vllm.formats import quantize_awq_rtn
+from kbit_vllm.layers.moe_compute import kbit_quantize_experts, kbit_repack_experts
 
 DEV = "cuda"
 FAIL: list[str] = []
@@ -127,9 +128,9 @@ def fused_moe(dtype: torch.dtype) -> None:
     k, n_exp, hidden, inter, top_k = 4, 8, 256, 128, 4
     cb = normal_float_codebook(k, DEV)
     tiled = []
-    for o, i in ((2 * inter, hidden), (hidden, inter)):
-        packed = [ops.kbit_quantize(torch.randn(o, i, generator=g).to(DEV) * 0.05, cb, k) for _ in range(n_exp)]
-        tiled += [torch.stack(t) for t in zip(*(ops.kbit_repack(p, a, k) for p, a in packed), strict=True)]
+    for name, (o, i) in (("w13", (2 * inter, hidden)), ("w2", (hidden, inter))):
+        w = torch.randn(n_exp, o, i, generator=g).to(DEV) * 0.05
+        tiled += kbit_repack_experts(*kbit_quantize_experts(w, cb, k, name), k)
     for tokens in (1, 3):
         x = torch.randn(tokens, hidden, generator=g).to(dtype).to(DEV)
         w, ids = torch.topk(torch.softmax(torch.randn(tokens, n_exp, generator=g), -1), top_k, dim=-1)

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import op_checks as C
+from ..formats import BLOCK, from_tiled, to_tiled
 from ..formats import awq as awq_fmt
-from ..formats import from_tiled, to_tiled
 from ..formats import kbit as kbit_fmt
 
 
@@ -181,7 +181,7 @@ def kbit_moe_experts(x, topk_ids, topk_weights, expert_map, w13_packed, w13_absm
     C.check_moe_experts(x, topk_ids, topk_weights, expert_map, w13_packed, w13_absmax, w2_packed, w2_absmax,
                         codebook, k, activation)
     ops = torch.ops.kbit_vllm
-    n_exp, inter = w13_absmax.shape[0], w2_absmax.shape[2] * 32
+    n_exp, inter = w13_absmax.shape[0], w2_absmax.shape[2] * BLOCK
     _, slot, offsets, weights, rows = ops.moe_route_gather(topk_ids, topk_weights, n_exp, expert_map, x)
     gate_up = ops.kbit_grouped_linear(rows, w13_packed, w13_absmax, codebook, offsets, k, 2 * inter)
     down = ops.kbit_grouped_linear(ops.moe_gated_act(gate_up, activation), w2_packed, w2_absmax, codebook, offsets, k,
