@@ -251,6 +251,9 @@ def main() -> None:
     ap.add_argument("--ms", default=None)
     ap.add_argument("--ks", default=None, help="comma-separated bit widths (default 2,3,4,5)")
     ap.add_argument("--shapes", default=None, help="comma-separated shape names (default all)")
+    ap.add_argument("--extra", default="",
+                    help="more layers as comma-separated INxOUT (e.g. 4096x5120), named by their size, to place "
+                         "dispatch thresholds between the named shapes")
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"),
                     help="activation dtype (cuBLAS runs in the same dtype)")
     ap.add_argument("--mma-variants", action="store_true",
@@ -271,7 +274,9 @@ def main() -> None:
     rows: list[dict] = []
     t0 = time.time()
     selected = args.shapes.split(",") if args.shapes else [name for name, _, _ in SEED_DENSE + LLAMA]
-    for name, in_f, out_f in SEED_DENSE + LLAMA + LM_HEAD:
+    extra = [(f"x{v}", *(int(d) for d in v.split("x"))) for v in args.extra.split(",") if v]
+    selected += [name for name, _, _ in extra]
+    for name, in_f, out_f in SEED_DENSE + LLAMA + LM_HEAD + extra:
         if name not in selected:
             continue
         rows += bench_shape(name, in_f, out_f, ks, ms, bw, args.quick, getattr(torch, args.dtype), args.mma_variants)

@@ -64,14 +64,19 @@ def test_kbit_gemv_rows_by_bits() -> None:
 
 def test_kbit_tensor_core_gemv_rows() -> None:
     """H200: the tensor-core GEMV takes M = 2..8 on the largest layers, fewer rows on smaller ones (M=2
-    only above 40 M weights), never M = 1 (the stream-K GEMV), or where the Hopper kernels cannot run
-    (wgmma=False); k = 5 has its own rows and none of them (test_kbit5_hopper_rules)."""
+    only above 26 M weights, M=3 above 18 M), never M = 1 (the stream-K GEMV), or where the Hopper
+    kernels cannot run (wgmma=False); k = 5 has its own rows and none of them (test_kbit5_hopper_rules)."""
     big, down, mid, small, tiny = 4096 * 28672, 14336 * 4096, 4096 * 6144, 2048 * 5120, 2048 * 512
+    wide = 4096 * 7168
     assert [dispatch.choose_path(m, (9, 0), big, 4, wgmma=True) for m in (1, 2, 8, 9)] == [
-        "gemv", "gemv_tc", "gemv_tc", "mma"]
+        "gemv", "gemv_tc", "gemv_tc", "wgmma"]
     assert [dispatch.choose_path(m, (9, 0), down, 4, wgmma=True) for m in (2, 4, 5)] == ["gemv_tc", "gemv_tc", "mma"]
-    assert [dispatch.choose_path(m, (9, 0), mid, 3, wgmma=True) for m in (2, 3, 4, 5)] == [
+    assert [dispatch.choose_path(m, (9, 0), wide, 4, wgmma=True) for m in (1, 2, 3, 4)] == [
         "gemv", "gemv_tc", "gemv_tc", "mma"]
+    assert [dispatch.choose_path(m, (9, 0), mid, 3, wgmma=True) for m in (2, 3, 4, 5, 9)] == [
+        "gemv", "gemv_tc", "mma", "mma", "wgmma"]
+    assert dispatch.choose_path(3, (9, 0), 4096 * 5120, 4, wgmma=True) == "gemv_tc"
+    assert dispatch.choose_path(3, (9, 0), 4096 * 4096, 4, wgmma=True) == "gemv"
     assert [dispatch.choose_path(m, (9, 0), small, 2, wgmma=True) for m in (2, 3)] == ["gemv", "gemv"]
     assert dispatch.choose_path(2, (9, 0), tiny, 4, wgmma=True) == "gemv"
     assert dispatch.choose_path(2, (9, 0), big, 5, wgmma=True) == "gemv"  # k = 5: the stream-K GEMV
@@ -81,23 +86,23 @@ def test_kbit_tensor_core_gemv_rows() -> None:
 
 
 def test_kbit_wgmma_rows() -> None:
-    """H200: the wgmma kernel takes WGMMA_RULES' rows on layers above MMA_SMALL_LAYER (M = 17..960
-    above 40 M weights, 17..384 above 20 M, 17..192 below) and WGMMA_SMALL_ROWS (M = 17..64, 17..32
-    up to 2 M weights) on smaller ones, where it can run (ops.wgmma_ok, not deterministic mode);
-    elsewhere the MMA / dequantize + cuBLAS rules stand."""
+    """H200: the wgmma kernel takes WGMMA_RULES' rows on layers above MMA_SMALL_LAYER (M = 9..960
+    above 100 M weights, 17..960 above 40 M, 9..384 above 20 M, 17..192 below) and WGMMA_SMALL_ROWS
+    (M = 4..64, 4..32 up to 2 M weights) on smaller ones, where it can run (ops.wgmma_ok, not
+    deterministic mode); elsewhere the MMA / dequantize + cuBLAS rules stand."""
     big, down, qkv, o = 4096 * 28672, 14336 * 4096, 4096 * 6144, 4096 * 4096
     small, tiny = 2048 * 2048, 2048 * 512
-    for w, last in ((big, 960), (down, 960), (qkv, 384), (o, 192)):
-        assert dispatch.choose_path(17, (9, 0), w, 4, wgmma=True) == "wgmma"
+    for w, first, last in ((big, 9, 960), (down, 17, 960), (qkv, 9, 384), (o, 17, 192)):
+        assert dispatch.choose_path(first, (9, 0), w, 4, wgmma=True) == "wgmma"
         assert dispatch.choose_path(last, (9, 0), w, 2, wgmma=True) == "wgmma"
-        assert dispatch.choose_path(16, (9, 0), w, 4, wgmma=True) == "mma"
+        assert dispatch.choose_path(first - 1, (9, 0), w, 4, wgmma=True) in ("mma", "gemv_tc")
         assert dispatch.choose_path(last + 1, (9, 0), w, 4, wgmma=True) == "dequant"
         assert dispatch.choose_path(17, (9, 0), w, 4, wgmma=False) == "mma"
         assert dispatch.choose_path(last, (9, 0), w, 4, wgmma=False) == "dequant"
     assert dispatch.choose_path(512, (9, 0), None, 4, wgmma=True) == "wgmma"  # no size: a large layer
-    assert [dispatch.choose_path(m, (9, 0), small, 4, wgmma=True) for m in (16, 17, 64, 65)] == [
-        "mma", "wgmma", "wgmma", "dequant"]
-    assert [dispatch.choose_path(m, (9, 0), tiny, 2, wgmma=True) for m in (17, 32, 33)] == ["wgmma", "wgmma", "dequant"]
+    assert [dispatch.choose_path(m, (9, 0), small, 4, wgmma=True) for m in (3, 4, 16, 64, 65)] == [
+        "gemv", "wgmma", "wgmma", "wgmma", "dequant"]
+    assert [dispatch.choose_path(m, (9, 0), tiny, 2, wgmma=True) for m in (4, 32, 33)] == ["wgmma", "wgmma", "dequant"]
     assert dispatch.choose_path(17, (9, 0), small, 4, wgmma=False) == "mma"
     assert dispatch.choose_path(17, (8, 0), big, 4, wgmma=True) != "wgmma"
     assert dispatch.choose_path(17, (8, 0), small, 4, wgmma=True) != "wgmma"

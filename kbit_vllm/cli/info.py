@@ -41,7 +41,7 @@ KBIT_NAMES = {"gemv": "GEMV (shared-memory codebook decode, split-K)",
               "gemv_tc": "Hopper tensor-core GEMV (M = 2..8 above 100 M weights, fewer rows on smaller "
                          "layers; dispatch.TC_ROWS)",
               "mma": "tensor-core MMA (split-K)",
-              "wgmma": "Hopper wgmma (layers above 12 M weights; smaller ones dequantize + cuBLAS)",
+              "wgmma": "Hopper wgmma (row ranges by layer size: dispatch.WGMMA_RULES, WGMMA_SMALL_ROWS)",
               "dequant": "dequantize to a buffer + cuBLAS"}
 AWQ_NAMES = {"gemv": "LOP3 GEMV / small batch (stream-K at M<=4 on large layers)",
              "gemv_tc": "Hopper tensor-core GEMV (M = 2..4 above 20 M weights, M = 4 above 4 M; "

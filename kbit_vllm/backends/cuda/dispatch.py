@@ -97,8 +97,13 @@ MMA_SMALL_LAYER = 12 * 1024 * 1024
 # 384-row tiles: 4096x28672 M=896 327.0 (320) / 366.5, M=1024 396.1 (384) / 392.6, M=1280 466.2 /
 # 490.7 (cuBLAS 399.2, dequantize + cuBLAS kept: its time is the GEMM's plus a fixed write);
 # 14336x4096 M=640 118.2 / 135.5, M=768 139.9 / 153.6, M=896 172.2 / 183.8, M=1024 194.0 / 189.2.
+# Session 36 (bf16 behind a writer, k = 4 / 3 / 2, wgmma minus MMA µs at M = 9..16): 4096x28672
+# -1.4..-1.7 / -0.4..-1.3 / -0.1..+0.8, so its rows start at 9 (M <= 8 is the tensor-core GEMV's);
+# 14336x4096 -0.1..-0.4 / +0.1..+0.3 / +0.4..+0.7, so 17 stays; 20-40 M layers -0.1..-1.0 on
+# 4096x6144, 4096x5632, 4096x8192, 2048x12288 (k=2 alike) and 0..+0.2 on 8192x3072, 4096x7168, so
+# 9; 4096x4096 -0.4..+0.3, so 17 stays.
 WGMMA_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((40 << 20, 17, 960), (20 << 20, 17, 384), (0, 17, 192)),
+    (9, 0): ((100 << 20, 9, 960), (40 << 20, 17, 960), (20 << 20, 9, 384), (0, 17, 192)),
 }
 # The same on layers of at most MMA_SMALL_LAYER weights (k <= 4): rules (weights above, first row,
 # last row), the first rule the layer is above decides. The wgmma kernel runs one CTA per SM there
@@ -107,8 +112,11 @@ WGMMA_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
 # 11.9, 2048x4096 9.5 / 11.7, 4096x2048 9.6 / 11.6, 2048x512 7.1 / 7.8; M=64 14.1 / 14.8, 13.8 /
 # 18.2, 12.4 / 13.4, 12.5 / 16.2, but 2048x512 9.5 / 8.5 (dequantize from M=48); M=96 17.8 / 15.5
 # (dequantize), 17.3 / 19.1, 15.2 / 13.6 (dequantize), 15.8 / 17.0; M=192 dequantize on all.
+# Session 36 (bf16 behind a writer, k = 2, 3, 4): at M = 4..16 the wgmma kernel beat the MMA on all
+# five of seed 002's layers by 0.2-0.9 µs (k=4 M=8: 2048x5120 9.9 / 10.3, 5120x2048 9.3 / 9.6,
+# 2048x4096 8.5 / 8.9, 4096x2048 8.6 / 9.1, 2048x512 6.0 / 6.3), so its rows start at 4.
 WGMMA_SMALL_ROWS: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((2 << 20, 17, 64), (0, 17, 32)),
+    (9, 0): ((2 << 20, 4, 64), (0, 4, 32)),
 }
 # k = 5 (its 10-bit pair table, csrc/kbit_lut5.cuh), which has no MMA variant 5: rules (layer weights
 # above, first row, last row), the first rule the layer is above decides; the tensor-core GEMV's
@@ -202,9 +210,14 @@ def wgmma_even_grid(units: int, stages: int, ctas: int) -> int:
 # `bench_kbit.py --behind-writer`), k=4 bf16, gemv_tc / the table GEMV at M=2 (fp16 alike):
 # 2048x5120 10.1 / 8.1, 4096x2048 9.7 / 7.7, 4096x4096 11.6 / 9.5, 4096x6144 (25 M) 12.8 / 11.8,
 # 14336x4096 18.6 / 24.1 (stream-K); M=3 4096x6144 13.6 / 13.6, 4096x4096 11.8 / 10.9. So M=2
-# takes it only above 40 M weights.
+# takes it only above 40 M weights. Session 36 (`bench_kbit.py --behind-writer --dtype bfloat16 --ks
+# 4,2,3 --extra ...`, benchmarks/RESULTS.md), gemv_tc / the table GEMV or MMA, k=4 (k=2): M=2
+# 4096x7168 (28 M) 13.2 / 14.1 (11.6 / 14.1), 4096x8192 14.3 / 14.4 (12.4 / 14.2), but 4096x6144
+# 12.6 / 11.9 (11.1 / 11.2); M=3 4096x5120 (20 M) 11.7 / 13.9 (10.5 / 13.8), 4096x4096 11.6 / 10.7;
+# M=4 on 20-40 M layers the MMA or wgmma tie or win: 4096x6144 13.3 / 12.9, 8192x3072 14.4 / 12.8
+# (12.5 / 11.6), 4096x5632 12.5 / 12.7.
 TC_ROWS: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((100 << 20, 2, 8), (40 << 20, 2, 4), (20 << 20, 3, 4)),
+    (9, 0): ((100 << 20, 2, 8), (40 << 20, 2, 4), (26 << 20, 2, 3), (18 << 20, 3, 3)),
 }
 
 

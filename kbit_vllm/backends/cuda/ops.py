@@ -254,7 +254,12 @@ def gemv_sk_warps(k: int) -> int:
 # 4096x6144 (1.9) 10.7 / 11.3 (with PDL overlap, as in the session 5 numbers, stream-K won both).
 # M=1 moved to 3.0 in session 17, after the table GEMV staged bf16 x as scaled fp16: behind a writer,
 # 4096x6144 bf16 10.8 / 9.7, fp16 10.6 / 9.5; 14336x4096 (4.5 units per warp) bf16 15.1 / 23.5.
-SK_MIN_UNITS: dict[int, float] = {1: 3.0, 2: 3.0, 3: 2.5, 4: 2.5}
+# M=1 moved to 1.5 in session 36 (the stream-K GEMV stages x per warp since session 23): behind a
+# writer, bf16, k=4 (k=2, k=3) stream-K / cluster µs by units per warp: 1.29 (4096x4096) 10.0 / 7.5
+# (8.7 / 7.5, 10.0 / 7.4); 1.62 (4096x5120, 8192x2560, 2048x10240) 9.1-9.3 / 8.8-9.3 (8.5 / 9.6,
+# 8.7 / 10.0); 1.78 (4096x5632) 9.1 / 9.4 (8.4 / 9.7); 1.94 (4096x6144) 8.8 / 9.6 (8.8 / 9.8),
+# (8192x3072) 9.5 / 11.1; 2.26 (4096x7168) 10.1 / 11.5 (9.9 / 12.0); 2.59 (4096x8192) 10.7 / 12.1.
+SK_MIN_UNITS: dict[int, float] = {1: 1.5, 2: 3.0, 3: 2.5, 4: 2.5}
 # k = 5 (16 warps a CTA, one CTA per SM): M=1 on any layer with a CTA's worth of units (0: a smaller
 # grid where the layer has fewer than a wave's), M=2 from 2.5 units per warp (4096x6144), M=3 from 10
 # (4096x28672), M=4 never; dispatch.WGMMA_RULES_K5 takes the rows past them. H200 session 34 (bf16
