@@ -71,10 +71,10 @@ def test_kbit_tensor_core_gemv_rows() -> None:
     assert [dispatch.choose_path(m, (9, 0), big, 4, wgmma=True) for m in (1, 2, 8, 9)] == [
         "gemv", "gemv_tc", "gemv_tc", "wgmma"]
     assert [dispatch.choose_path(m, (9, 0), down, 4, wgmma=True) for m in (2, 4, 5)] == ["gemv_tc", "gemv_tc", "mma"]
-    assert [dispatch.choose_path(m, (9, 0), wide, 4, wgmma=True) for m in (1, 2, 3, 4)] == [
-        "gemv", "gemv_tc", "gemv_tc", "mma"]
+    assert [dispatch.choose_path(m, (9, 0), wide, 4, wgmma=True) for m in (1, 2, 3, 4, 5)] == [
+        "gemv", "gemv_tc", "gemv_tc", "gemv_tc", "mma"]
     assert [dispatch.choose_path(m, (9, 0), mid, 3, wgmma=True) for m in (2, 3, 4, 5, 9)] == [
-        "gemv", "gemv_tc", "mma", "mma", "wgmma"]
+        "gemv", "gemv_tc", "gemv_tc", "mma", "wgmma"]
     assert dispatch.choose_path(3, (9, 0), 4096 * 5120, 4, wgmma=True) == "gemv_tc"
     assert dispatch.choose_path(3, (9, 0), 4096 * 4096, 4, wgmma=True) == "gemv"
     assert [dispatch.choose_path(m, (9, 0), small, 2, wgmma=True) for m in (2, 3)] == ["gemv", "gemv"]
