@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_kbit  # noqa: E402
-from bench_kbit import LLAMA, MS, SEED_DENSE, fmt, make_tinygemm, n_copies, start_run, timed  # noqa: E402
+from bench_kbit import LLAMA, MS, SEED_DENSE, extra_shapes, fmt, make_tinygemm, n_copies, start_run, timed  # noqa: E402
 
 from kbit_vllm import ops  # noqa: E402
 from kbit_vllm.backends.cuda import awq_ops  # noqa: E402
@@ -99,6 +99,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer weight copies")
     ap.add_argument("--ms", default=None)
     ap.add_argument("--shapes", default=None, help="comma-separated shape names (default all)")
+    ap.add_argument("--extra", default="", help="more layers as comma-separated INxOUT (bench_kbit.py --extra)")
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"),
                     help="activation dtype (cuBLAS runs in the same dtype)")
     ap.add_argument("--behind-writer", action="store_true",
@@ -110,8 +111,9 @@ def main() -> None:
     ms = [int(v) for v in args.ms.split(",")] if args.ms else MS
     rows: list[dict] = []
     t0 = time.time()
-    for name, in_f, out_f in SEED_DENSE + LLAMA:
-        if args.shapes and name not in args.shapes.split(","):
+    extra = extra_shapes(args.extra)
+    for name, in_f, out_f in SEED_DENSE + LLAMA + extra:
+        if args.shapes and name not in args.shapes.split(",") + [n for n, _, _ in extra]:
             continue
         rows += bench_shape(name, in_f, out_f, ms, bw, 64 if args.quick else 400, dt)
         print(f"# {name} done at {time.time() - t0:.0f}s", flush=True)

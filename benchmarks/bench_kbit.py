@@ -193,6 +193,11 @@ def make_tinygemm(w: torch.Tensor, nc: int):
         return None
 
 
+def extra_shapes(spec: str) -> list[tuple[str, int, int]]:
+    """--extra "4096x5120,8192x3072" (in x out) as (name, in, out) rows beside the named shapes."""
+    return [(f"x{v}", *(int(d) for d in v.split("x"))) for v in spec.split(",") if v]
+
+
 def fmt(v) -> str:
     return "-" if v is None else f"{v:.1f}"
 
@@ -274,7 +279,7 @@ def main() -> None:
     rows: list[dict] = []
     t0 = time.time()
     selected = args.shapes.split(",") if args.shapes else [name for name, _, _ in SEED_DENSE + LLAMA]
-    extra = [(f"x{v}", *(int(d) for d in v.split("x"))) for v in args.extra.split(",") if v]
+    extra = extra_shapes(args.extra)
     selected += [name for name, _, _ in extra]
     for name, in_f, out_f in SEED_DENSE + LLAMA + LM_HEAD + extra:
         if name not in selected:
