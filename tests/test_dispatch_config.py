@@ -189,8 +189,13 @@ def test_awq_wgmma_rules() -> None:
         assert awq_ops.choose_path(first, (8, 0), True, w) != "wgmma"
     smallest = min(r[0] for r in rules)
     assert all(awq_ops.choose_path(m, (9, 0), True, smallest) != "wgmma" for m in range(1, 1025))
-    assert all(awq_ops.choose_path(1, (9, 0), True, w) == "gemv" for w in (1 << 20, 4096 * 28672))
+    assert all(awq_ops.choose_path(1, (9, 0), True, w) == "gemv" for w in (1 << 20, 4096 * 6144, 8192 * 8192))
+    assert awq_ops.choose_path(1, (9, 0), True, 4096 * 28672) == "gemv_tc"   # Llama-3-8B gate/up, batch 1
+    assert awq_ops.choose_path(1, (9, 0), False, 4096 * 28672) == "gemv"
     assert awq_ops.choose_path(4, (9, 0), True, 4096 * 28672) == "gemv_tc"   # Llama-3-8B gate/up, batch 4
+    assert [awq_ops.choose_path(m, (9, 0), True, 4096 * 6144) for m in (2, 3, 4)] == ["gemv_tc", "wgmma", "wgmma"]
+    assert [awq_ops.choose_path(m, (9, 0), True, 4096 * 4096) for m in (2, 3, 4)] == ["gemv", "wgmma", "wgmma"]
+    assert [awq_ops.choose_path(m, (9, 0), True, 14336 * 4096) for m in (1, 4, 5)] == ["gemv", "gemv_tc", "wgmma"]
     assert awq_ops.choose_path(4, (9, 0), False, 4096 * 28672) == "gemv"
     assert awq_ops.choose_path(64, (9, 0), True, 4096 * 28672) == "wgmma"
     assert awq_ops.choose_path(16, (9, 0), True, 4096 * 4096) == "wgmma"   # o_proj at batch 16
@@ -266,17 +271,17 @@ def test_wgmma_one_cta_rule() -> None:
 
 
 def test_awq_tensor_core_gemv_rules() -> None:
-    """H200: the tensor-core GEMV takes M = 2..8 on layers above 100 M weights, M = 2..4 above 20 M
-    and M = 4 above 4 M, before the wgmma rules; nowhere without the Hopper kernels, at M = 1 or on
-    tiny layers."""
+    """H200: the tensor-core GEMV takes M = 1..8 on layers above 70 M weights, M = 2..4 above 40 M,
+    M = 2 above 20 M, none above 12 M and M = 4 above 4 M, before the wgmma rules; nowhere without
+    the Hopper kernels or on tiny layers."""
     from kbit_vllm.backends.cuda import awq_ops
 
     gate_up, down, qkv, small, kv = 4096 * 28672, 14336 * 4096, 4096 * 6144, 2048 * 5120, 2048 * 512
     assert [awq_ops.choose_path(m, (9, 0), True, gate_up) for m in (1, 2, 8, 9)] == [
+        "gemv_tc", "gemv_tc", "gemv_tc", "wgmma"]
+    assert [awq_ops.choose_path(m, (9, 0), True, down) for m in (1, 2, 4, 5)] == [
         "gemv", "gemv_tc", "gemv_tc", "wgmma"]
-    for layer in (down, qkv):
-        assert [awq_ops.choose_path(m, (9, 0), True, layer) for m in (1, 2, 4, 5)] == [
-            "gemv", "gemv_tc", "gemv_tc", "wgmma"]
+    assert [awq_ops.choose_path(m, (9, 0), True, qkv) for m in (1, 2, 3, 4)] == ["gemv", "gemv_tc", "wgmma", "wgmma"]
     assert [awq_ops.choose_path(m, (9, 0), True, small) for m in (2, 3, 4)] == ["gemv", "gemv", "gemv_tc"]
     assert all(awq_ops.choose_path(m, (9, 0), True, kv) != "gemv_tc" for m in range(1, 65))
     assert all(awq_ops.choose_path(m, (9, 0), False, gate_up) != "gemv_tc" for m in range(1, 9))

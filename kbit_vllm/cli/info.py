@@ -44,8 +44,8 @@ KBIT_NAMES = {"gemv": "GEMV (shared-memory codebook decode, split-K)",
               "wgmma": "Hopper wgmma (row ranges by layer size: dispatch.WGMMA_RULES, WGMMA_SMALL_ROWS)",
               "dequant": "dequantize to a buffer + cuBLAS"}
 AWQ_NAMES = {"gemv": "LOP3 GEMV / small batch (stream-K at M<=4 on large layers)",
-             "gemv_tc": "Hopper tensor-core GEMV (M = 2..4 above 20 M weights, M = 4 above 4 M; "
-                        "awq_ops.TC_RULES)",
+             "gemv_tc": "Hopper tensor-core GEMV (M = 1..8 above 70 M weights, fewer rows on smaller "
+                        "layers; awq_ops.TC_RULES)",
              "mma": "tensor-core LOP3 MMA (split-K)",
              "wgmma": "Hopper wgmma (on layers above 48 M weights; smaller ones: awq_ops.WGMMA_RULES)",
              "dequant": "dequantize to a buffer + cuBLAS"}

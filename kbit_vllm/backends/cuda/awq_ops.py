@@ -55,9 +55,12 @@ DISPATCH = {90: (4, 64)}
 # M=1024 191.0 / 185.7; 4096x6144 M=256 34.9 / 39.2, M=384 45.7 / 45.8. Session 33, with the 160-
 # and 192-row tiles (WGMMA_TALL_TILES): 4096x28672 M=768 250.1 / 310.1, M=1024 347.4 / 365.6;
 # 14336x4096 M=768 130.0 / 150.0, M=1024 181.0 / 179.7; 4096x6144 M=320 38.6 / 49.6, M=384 43.8 /
-# 46.2, M=512 55.9 / 53.3; the op at 14336x4096 M=1024 191.0 / 186.3 (another call).
+# 46.2, M=512 55.9 / 53.3; the op at 14336x4096 M=1024 191.0 / 186.3 (another call). Session 36
+# (fp16 behind a writer, `bench_awq.py --behind-writer --extra ...`), wgmma / the op's GEMV: M=3
+# 4096x6144 11.0 / 11.7 (tensor core), 4096x4096 9.5 / 10.4 (warp), 4096x8192 12.6 / 13.5, 8192x4096
+# 12.9 / 13.6; so 12-48 M layers take it from M=3 (M=4 on 12-40 M layers below: TC_RULES).
 WGMMA_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((100 << 20, 2, 1024), (48 << 20, 2, 960), (20 << 20, 4, 384), (12 << 20, 5, 192), (0, 5, 32)),
+    (9, 0): ((100 << 20, 2, 1024), (48 << 20, 2, 960), (20 << 20, 3, 384), (12 << 20, 3, 192), (0, 5, 32)),
 }
 _SUFFIX = SUFFIX
 
@@ -106,9 +109,14 @@ def _dense(wq: torch.Tensor, sz: torch.Tensor, group_size: int, out_f: int, dtyp
 # gemv_tc / warp GEMV at M=2: 2048x5120 7.8 / 6.9, 5120x2048 7.9 / 6.2, 2048x4096 7.2 / 6.6,
 # 4096x2048 7.4 / 5.5, 4096x4096 9.7 / 9.5, 4096x6144 (25 M) 11.1 / 11.4; M=3 5120x2048 8.6 / 6.9,
 # 4096x2048 7.7 / 6.2; M=4 gemv_tc stays best or within 0.3 (2048x5120 8.6 / 9.7, 4096x4096 10.4 /
-# 12.0). So M = 2..3 take it only above 20 M weights.
+# 12.0). So M = 2..3 take it only above 20 M weights. Session 36 (fp16 behind a writer), gemv_tc /
+# the best other: M=1 4096x28672 26.2 / 27.6 (warp), 4096x20480 (80 M) 20.5 / 22.0 (stream-K), but
+# 8192x8192 and 4096x16384 (64 M) 18.1 / 17.7, 17.9 / 17.6 (warp); M = 5..8 at 80 M 22.4 / 23.9,
+# 23.9 / 24.2 (wgmma); M = 3..4 on 12-40 M layers the wgmma kernel wins (4096x6144 M=4 12.1 / 11.1,
+# 4096x4096 10.3 / 9.5, 4096x8192 14.4 / 12.6; at 48 M, 4096x12288, 16.2 / 16.7), so there the tensor-
+# core GEMV keeps M=2 only (4096x6144 10.7 / 10.9) and 12-20 M layers none.
 TC_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((100 << 20, 2, 8), (20 << 20, 2, 4), (4 << 20, 4, 4)),
+    (9, 0): ((70 << 20, 1, 8), (40 << 20, 2, 4), (20 << 20, 2, 2), (12 << 20, 1, 0), (4 << 20, 4, 4)),
 }
 
 
