@@ -58,7 +58,8 @@ DISPATCH = {90: (4, 64)}
 # 46.2, M=512 55.9 / 53.3; the op at 14336x4096 M=1024 191.0 / 186.3 (another call). Session 36
 # (fp16 behind a writer, `bench_awq.py --behind-writer --extra ...`), wgmma / the op's GEMV: M=3
 # 4096x6144 11.0 / 11.7 (tensor core), 4096x4096 9.5 / 10.4 (warp), 4096x8192 12.6 / 13.5, 8192x4096
-# 12.9 / 13.6; so 12-48 M layers take it from M=3 (M=4 on 12-40 M layers below: TC_RULES).
+# 12.9 / 13.6; so 12-48 M layers take it from M=3 (where TC_RULES leave it the rows: M=2 above
+# 20 M, M = 2..4 above 40 M go to the tensor-core GEMV).
 WGMMA_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
     (9, 0): ((100 << 20, 2, 1024), (48 << 20, 2, 960), (20 << 20, 3, 384), (12 << 20, 3, 192), (0, 5, 32)),
 }
@@ -114,7 +115,8 @@ def _dense(wq: torch.Tensor, sz: torch.Tensor, group_size: int, out_f: int, dtyp
 # 8192x8192 and 4096x16384 (64 M) 18.1 / 17.7, 17.9 / 17.6 (warp); M = 5..8 at 80 M 22.4 / 23.9,
 # 23.9 / 24.2 (wgmma); M = 3..4 on 12-40 M layers the wgmma kernel wins (4096x6144 M=4 12.1 / 11.1,
 # 4096x4096 10.3 / 9.5, 4096x8192 14.4 / 12.6; at 48 M, 4096x12288, 16.2 / 16.7), so there the tensor-
-# core GEMV keeps M=2 only (4096x6144 10.7 / 10.9) and 12-20 M layers none.
+# core GEMV keeps M=2 only (4096x6144 10.7 / 10.9) and 12-20 M layers none (an empty row range,
+# so that those layers do not fall through to the 4 M rule).
 TC_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
     (9, 0): ((70 << 20, 1, 8), (40 << 20, 2, 4), (20 << 20, 2, 2), (12 << 20, 1, 0), (4 << 20, 4, 4)),
 }
