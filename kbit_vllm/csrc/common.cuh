@@ -65,9 +65,10 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
 #define KBIT_RETURN_LAUNCH_STATUS() do { cudaError_t e_ = cudaGetLastError(); return static_cast<int>(e_); } while (0)
 
 // Resident CTAs per SM of kernel f at `threads` threads and `smem` bytes of dynamic shared memory, for
-// sizing a one-wave grid (every kernel's occupancy query, both formats); 0 where this GPU cannot run it (a request past its shared memory, e.g. the
-// 160 KB of the k = 5 stream-K GEMVs on sm_86 / sm_89), with the runtime's last error cleared, so the
-// failed query does not come back as a later launch's error (KBIT_RETURN_LAUNCH_STATUS).
+// sizing a one-wave grid (every kernel's occupancy query, both formats); 0 where this GPU cannot run
+// it (a request past its shared memory, e.g. the 160 KB of the k = 5 stream-K GEMVs on sm_86 /
+// sm_89), with the runtime's last error cleared, so the failed query does not come back as a later
+// launch's error (KBIT_RETURN_LAUNCH_STATUS).
 namespace kbit {
 inline int resident_ctas(const void* f, int threads, int smem) {
     int n = 0;

@@ -72,8 +72,8 @@ __device__ __forceinline__ void gsk_unit(int mr, const uint4 (&p)[K], uint32_t a
 // unit loop runs sk_unit's half2 loop on shared x instead of the fp32 path on global bf16 x. Item i
 // of the CTA (i = item - first item of the CTA, at most one per warp) stages its rows' blocks jb0,
 // jb0 + 1, ... (mod nb), span of them, row m at slot base + m * stride (stride = span rounded up to
-// even, so a row is a fixed uint4 offset from the previous one). The host launches XS only where the bound on the CTA's
-// units keeps that within kStagedXSlots (gsx_wins).
+// even, so a row is a fixed uint4 offset from the previous one). The host launches XS only where the
+// bound on the CTA's units keeps that within kStagedXSlots (gsx_wins).
 // Items staged by a CTA of W warps: at most W (one warp finds each item's rows).
 template <int M, int W>
 struct GsxItems {
