@@ -272,32 +272,42 @@ def test_bf16_activation_range(scale, path):
 
 
 @pytest.mark.parametrize("k", (2, 3, 4, 5))
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("in_f,out_f", ((5120, 4001), (16384, 1500), (16416, 1500), (64, 640000)))
-def test_bf16_gemv_sk_staged_x(k, in_f, out_f):
-    """bf16 M=1 stream-K GEMV on layers whose CTAs get >= 12 units: each warp stages the x blocks
-    of its own units in shared memory as scaled fp16 at its own scale (csrc/kbit_gemv_sk.cu, XS),
-    with warp ranges that wrap from one tile into the next, nb = 512 and 513 (no limit on nb), and
-    (64 inputs) warps with more units than blocks, so their slots wrap and whole tiles are written
-    directly at the warp's scale."""
+def test_gemv_sk_staged_x(k, dtype, in_f, out_f):
+    """M=1 stream-K GEMV on layers whose CTAs get >= 12 units: each warp stages the x blocks of its
+    own units in shared memory as fp16 times its own power of two (csrc/kbit_gemv_sk.cu, XS; fp16 x
+    is scaled too, so one flush per block cannot overflow), with warp ranges that wrap from one tile
+    into the next, nb = 512 and 513 (no limit on nb), and (64 inputs) warps with more units than
+    blocks, so their slots wrap and whole tiles are written directly at the warp's scale."""
     packed, absmax, cb = _weights(out_f, in_f, k)
     pt, at = ops.kbit_repack(packed, absmax, k)
     w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64)
     nb, units = in_f // 32, ((out_f + 127) // 128) * (in_f // 32)
     if not _sk_runs(k, 1, in_f, out_f):
         pytest.skip(f"the k={k} stream-K GEMV's shared memory does not fit this GPU")
-    ctas = cuda_ops.gemv_sk_ctas(torch.device(DEV), "bf16", k, 1, out_f, nb, forced=True)
+    sfx = "bf16" if dtype == torch.bfloat16 else "fp16"
+    ctas = cuda_ops.gemv_sk_ctas(torch.device(DEV), sfx, k, 1, out_f, nb, forced=True)
     warps = cuda_ops.gemv_sk_warps(k) * ctas  # k = 5: 16 a CTA, 32 staging slots each
     assert units >= 12 * ctas and -(-units // warps) <= 512 // cuda_ops.gemv_sk_warps(k), \
         "the shape no longer reaches the staged-x kernel"
-    bias = torch.randn(out_f, device=DEV, dtype=torch.bfloat16)
-    # Per-block magnitudes 2^0..2^18 give warps different scales; a partial left at the wrong
-    # scale would be off by up to 2^18 relative to its share of every output.
-    stepped = torch.pow(2.0, 3.0 * (torch.arange(in_f, device=DEV) // 32 % 7))
-    for scale, b in ((1e-30, None), (1.0, bias), (1e30, None), (stepped, None)):
-        x = (torch.randn(1, in_f, device=DEV) * scale).to(torch.bfloat16)
+    bias = torch.randn(out_f, device=DEV, dtype=dtype)
+    blk = torch.arange(in_f, device=DEV) // 32 % 7
+    if dtype == torch.bfloat16:
+        # Per-block magnitudes 2^0..2^18 give warps different scales; a partial left at the wrong
+        # scale would be off by up to 2^18 relative to its share of every output.
+        cases = ((1e-30, None), (1.0, bias), (1e30, None), (torch.pow(2.0, 3.0 * blk), None))
+    else:
+        # fp16 x inside its range, output too: tiny rows (scaled up), blocks of 2^-6..2^6 (warps at
+        # different scales) and one block of |x| ~ 2000 (its warp scales its x down, by 2^-2).
+        big = torch.ones(in_f, device=DEV)
+        big[:32] = 2000.0
+        cases = ((1e-4, None), (1.0, bias), (torch.pow(2.0, 2.0 * blk) / 64.0, None), (big, None))
+    for scale, b in cases:
+        x = (torch.randn(1, in_f, device=DEV) * scale).to(dtype)
         poison_allocator(out_f * 2)
         y = cuda_ops.linear_path(x, pt, at, cb, b, k, out_f, "gemv_sk")
-        _check_linear(y, x, w64, b, torch.bfloat16)
+        _check_linear(y, x, w64, b, dtype)
 
 
 @pytest.mark.parametrize("k", (2, 3, 4))

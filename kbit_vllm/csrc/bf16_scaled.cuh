@@ -43,4 +43,20 @@ __device__ __forceinline__ float bf16x8_absmax(uint4 v) {
     return __uint_as_float(max(m2 & 0xffffu, m2 >> 16) << 16);
 }
 
+// The same for fp16 x, which the dense GEMV's XS staging scales too so that its one flush per
+// block holds for any fp16 row: max |x| of eight fp16 values (sign-cleared bits, as above) and the
+// values times a power of two (exact unless tiny).
+__device__ __forceinline__ float h8_absmax(uint4 v) {
+    constexpr uint32_t kAbs = 0x7fff7fffu;
+    const uint32_t m2 = __vmaxu2(__vmaxu2(v.x & kAbs, v.y & kAbs), __vmaxu2(v.z & kAbs, v.w & kAbs));
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(max(m2 & 0xffffu, m2 >> 16))));
+}
+__device__ __forceinline__ uint32_t h2_scaled(uint32_t u, float scale) {
+    const float2 f = __half22float2(bits_h2(u));
+    return h2_bits(__floats2half2_rn(f.x * scale, f.y * scale));
+}
+__device__ __forceinline__ uint4 h8_scaled(uint4 v, float scale) {
+    return make_uint4(h2_scaled(v.x, scale), h2_scaled(v.y, scale), h2_scaled(v.z, scale), h2_scaled(v.w, scale));
+}
+
 }  // namespace kbit

@@ -95,7 +95,7 @@ __device__ __forceinline__ void sk_store_rows(T* __restrict__ y, const T* __rest
     }
 }
 
-// bf16 x is staged (see gemv_sk_kernel's XS) when each CTA has at least kStageXMinUnits units to
+// x is staged at M = 1 (see gemv_sk_kernel's XS) when each CTA has at least kStageXMinUnits units to
 // amortize the staging pass. H200 (benchmarks/RESULTS.md, session 6, staged per CTA then), k=4 bf16
 // M=1 us without -> with: 4096x28672 (72 units per CTA) 26.0 -> 23.3, 14336x4096 (36) 16.7 ->
 // 15.3, 4096x6144 (15.5) 9.7 -> 9.2, 4096x4096 (10) 8.0 -> 8.4, 2048x5120 (6.5) 6.6 -> 6.9.
@@ -104,11 +104,12 @@ constexpr int kStageXMinUnits = 12;
 // units than that reads x from global memory instead (k <= 4: more than 64 * 8 * CTAs units, 4096
 // inputs x 203k rows on an H200).
 
-// XS (bf16, M = 1, at most kXsWarpSlots units per warp): each warp stages the x blocks of its own
+// XS (M = 1, at most kXsWarpSlots units per warp): each warp stages the x blocks of its own
 // units (consecutive blocks from its first unit's, at most nb of them) as scaled fp16 in its own
 // kXsWarpSlots slots (SkCfg::x_word), at its own scale (a warp max: no block barrier on the way),
-// so the unit loop reads x from shared memory instead of every lane converting every x word of
-// every unit. Each warp multiplies its partial sums by its own inverse before they meet other
+// so the unit loop reads x from shared memory instead of every lane converting (bf16) or reading
+// from L1 (fp16) every x word of every unit. fp16 x is scaled too, so both run sk_unit's one flush
+// per block. Each warp multiplies its partial sums by its own inverse before they meet other
 // warps' in the accumulator.
 template <typename T, int K, int M, bool XS = false>
 __global__ void __launch_bounds__(SkCfg<K>::kThreads, K == 5 ? 1 : M <= 2 ? 3 : 2) gemv_sk_kernel(
@@ -154,6 +155,7 @@ __global__ void __launch_bounds__(SkCfg<K>::kThreads, K == 5 ? 1 : M <= 2 ? 3 : 
         // after entry; per warp, 4096x28672 20.4 -> 19.8 us, 14336x4096 13.3 -> 12.9, 4096x128256
         // (40 units per warp, two load rounds) 71.5 either way.
         constexpr int kXsLoads = 4;
+        constexpr bool kHalf = std::is_same<T, half>::value;
         const int cnt = static_cast<int>(u1 - u0 < nb ? u1 - u0 : nb);
         const uint4* xq = reinterpret_cast<const uint4*>(x);
         auto slot_of = [&](int q) -> uint4* {  // uint4 q of the warp's blocks: slot q / 4, quarter q % 4
@@ -176,7 +178,7 @@ __global__ void __launch_bounds__(SkCfg<K>::kThreads, K == 5 ? 1 : M <= 2 ? 3 : 
                 const int q = base + r * 32 + lane;
                 if (q < cnt * 4) {
                     *slot_of(q) = v[r];
-                    mx = fmaxf(mx, bf16x8_absmax(v[r]));
+                    mx = fmaxf(mx, kHalf ? h8_absmax(v[r]) : bf16x8_absmax(v[r]));
                 }
             }
         }
@@ -187,7 +189,7 @@ __global__ void __launch_bounds__(SkCfg<K>::kThreads, K == 5 ? 1 : M <= 2 ? 3 : 
         x_pow2_scale(warp_max(mx), xscale[0], xinv[0]);
         for (int q = lane; q < cnt * 4; q += 32) {
             uint4* sl = slot_of(q);
-            *sl = bf16x8_to_scaled_h8(*sl, xscale[0]);
+            *sl = kHalf ? h8_scaled(*sl, xscale[0]) : bf16x8_to_scaled_h8(*sl, xscale[0]);
         }
         sk_build_table<K>(tbl, cbl, C::kThreads);
         __syncthreads();
@@ -282,7 +284,7 @@ int launch_gemv_sk_kmx(const void* x, const void* pt, const uint8_t* at, const f
 template <typename T, int K, int M>
 int launch_gemv_sk_km(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int N,
                       int nb, void* y, int ctas, float* ws, int* counters, cudaStream_t stream) {
-    if constexpr (M == 1 && std::is_same<T, __nv_bfloat16>::value) {
+    if constexpr (M == 1) {
         const long long units = static_cast<long long>((N + kTileN - 1) / kTileN) * nb;
         const long long warps = static_cast<long long>(ctas) * SkCfg<K>::kWarps;
         if (units >= static_cast<long long>(kStageXMinUnits) * ctas &&

@@ -255,14 +255,17 @@ def gemv_sk_warps(k: int) -> int:
 # M=1 moved to 3.0 in session 17, after the table GEMV staged bf16 x as scaled fp16: behind a writer,
 # 4096x6144 bf16 10.8 / 9.7, fp16 10.6 / 9.5; 14336x4096 (4.5 units per warp) bf16 15.1 / 23.5.
 # Session 36: bf16 x at M=1 runs the kernel's XS variant (x staged per warp, csrc/kbit_gemv_sk.cu,
-# since session 23), which wins from 1.5 units per warp (SK_MIN_UNITS_XS); behind a writer, k=4 (k=2,
+# since session 23), which wins from 1.5 units per warp; behind a writer, k=4 (k=2,
 # k=3) stream-K / cluster µs by units per warp: 1.29 (4096x4096) 10.0 / 7.5 (8.7 / 7.5, 10.0 / 7.4);
 # 1.62 (4096x5120, 8192x2560, 2048x10240) 9.1-9.3 / 8.8-9.3 (8.5 / 9.6, 8.7 / 10.0); 1.78 (4096x5632)
 # 9.1 / 9.4 (8.4 / 9.7); 1.94 (4096x6144) 8.8 / 9.6 (8.8 / 9.8), (8192x3072) 9.5 / 11.1; 2.26
-# (4096x7168) 10.1 / 11.5 (9.9 / 12.0); 2.59 (4096x8192) 10.7 / 12.1. fp16 x (read in the loop),
-# k=4: 1.94 4096x6144 10.0 / 9.6 but 8192x3072 9.9 / 10.8; 2.26 4096x7168 10.8 / 11.3: M=1 from 2.0.
-SK_MIN_UNITS: dict[int, float] = {1: 2.0, 2: 3.0, 3: 2.5, 4: 2.5}
-SK_MIN_UNITS_XS = 1.5
+# (4096x7168) 10.1 / 11.5 (9.9 / 12.0); 2.59 (4096x8192) 10.7 / 12.1. fp16 x (then read in the
+# loop) took it from 2.0. Session 37: fp16 x is staged too; k=4 (k=2) fp16 stream-K / cluster: 1.62
+# 9.1 / 9.1 (8.8 / 9.3), 1.78 9.0 / 9.3 (9.0 / 9.4), 1.94 4096x6144 9.6 / 9.5 (9.5 / 9.3), 8192x3072
+# 9.6 / 10.9 (9.5 / 11.6), 2048x12288 9.2 / 9.3 (8.5 / 9.0); 4096x28672 21.6 (was 23.5). M=1 from
+# 1.5 for both: the kernel stages x when a CTA has >= 12 units (kStageXMinUnits, 8 warps: 1.5 a warp),
+# so this bound mirrors it; below, the cluster GEMV wins (1.29: 7.5 against 9.8 stream-K).
+SK_MIN_UNITS: dict[int, float] = {1: 1.5, 2: 3.0, 3: 2.5, 4: 2.5}
 # k = 5 (16 warps a CTA, one CTA per SM): M=1 on any layer with a CTA's worth of units (0: a smaller
 # grid where the layer has fewer than a wave's), M=2 from 2.5 units per warp (4096x6144), M=3 from 10
 # (4096x28672), M=4 never; dispatch.WGMMA_RULES_K5 takes the rows past them. H200 session 34 (bf16
@@ -275,18 +278,15 @@ SK_MIN_UNITS_K5: dict[int, float] = {1: 0.0, 2: 2.5, 3: 10.0}
 def gemv_sk_ctas(dev: torch.device, sfx: str, k: int, m: int, out_features: int, nb: int,
                  forced: bool = False) -> int:
     """One wave of the stream-K GEMV (resident CTAs per SM x SMs); 0 where the cluster GEMV is
-    faster (fewer than SK_MIN_UNITS[m] units per warp of the wave; bf16 at M=1, whose x the kernel
-    stages per warp: SK_MIN_UNITS_XS; k = 5: SK_MIN_UNITS_K5) or there is no kernel for k."""
+    faster (fewer than SK_MIN_UNITS[m] units per warp of the wave; k = 5: SK_MIN_UNITS_K5) or there
+    is no kernel for k."""
     warps = gemv_sk_warps(k)
     if warps == 0:
         return 0
     key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, m, sfx)
     if key not in _SK_OCC:
         _SK_OCC[key] = int(getattr(LIB, f"kbit_vllm_gemv_sk_ctas_per_sm_{sfx}")(_i(k), _i(m)))
-    if k == 5:
-        min_units = SK_MIN_UNITS_K5.get(m)
-    else:
-        min_units = SK_MIN_UNITS_XS if m == 1 and sfx == "bf16" else SK_MIN_UNITS.get(m)
+    min_units = SK_MIN_UNITS_K5.get(m) if k == 5 else SK_MIN_UNITS.get(m)
     return dispatch.stream_k_grid(_SK_OCC[key] * _sms(dev), ((out_features + 127) // 128) * nb, warps, min_units,
                                   forced)
 
