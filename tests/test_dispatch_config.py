@@ -72,7 +72,9 @@ def test_kbit_tensor_core_gemv_rows() -> None:
         "gemv", "gemv_tc", "gemv_tc", "wgmma"]
     assert [dispatch.choose_path(m, (9, 0), down, 4, wgmma=True) for m in (2, 4, 5)] == ["gemv_tc", "gemv_tc", "mma"]
     assert [dispatch.choose_path(m, (9, 0), wide, 4, wgmma=True) for m in (1, 2, 3, 4, 5)] == [
-        "gemv", "gemv_tc", "gemv_tc", "gemv_tc", "mma"]
+        "gemv", "gemv_tc", "gemv_tc", "mma", "mma"]  # k=4: M=4 of an 18-40 M layer on the MMA
+    assert [dispatch.choose_path(m, (9, 0), wide, 2, wgmma=True) for m in (3, 4, 5)] == ["gemv_tc", "gemv_tc", "mma"]
+    assert dispatch.choose_path(4, (9, 0), mid, 4, wgmma=True) == "mma"
     assert [dispatch.choose_path(m, (9, 0), mid, 3, wgmma=True) for m in (2, 3, 4, 5, 9)] == [
         "gemv", "gemv_tc", "gemv_tc", "mma", "wgmma"]
     assert dispatch.choose_path(3, (9, 0), 4096 * 5120, 4, wgmma=True) == "gemv_tc"

@@ -220,6 +220,13 @@ def wgmma_even_grid(units: int, stages: int, ctas: int) -> int:
 TC_ROWS: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
     (9, 0): ((100 << 20, 2, 8), (40 << 20, 2, 4), (26 << 20, 2, 4), (18 << 20, 3, 4)),
 }
+# k = 4 stops at M=3 on 18-40 M layers. Session 37 (behind a writer, gemv_tc / the faster of MMA and
+# wgmma, M=4, fp16 x; bf16 within 0.3): 4096x6144 14.1 / 12.9, 8192x3072 13.7 / 12.6, 4096x5120
+# 12.5 / 12.2, 4096x7168 15.2 / 14.5, 4096x5632 13.2 / 12.8, 2048x12288 13.6 / 13.6; k=2 keeps it
+# (4096x5120 11.3 / 11.5, 2048x12288 11.9 / 12.7, against 4096x6144 12.8 / 12.2).
+TC_ROWS_K4: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
+    (9, 0): ((100 << 20, 2, 8), (40 << 20, 2, 4), (26 << 20, 2, 3), (18 << 20, 3, 3)),
+}
 
 
 def rule_takes(rules: tuple[tuple[int, int, int], ...], weights: int, m: int) -> bool:
@@ -456,8 +463,9 @@ def choose_path(m: int, capability: tuple[int, int], weights: int | None = None,
     (weights: in x out of the layer; wgmma: whether the Hopper kernels (wgmma, tensor-core GEMV) can
     run here, ops.wgmma_ok outside deterministic mode). The table thresholds assume the MMA variant 5,
     which covers k <= 4 only: k = 5 has its own rules (TC_ROWS_K5, WGMMA_RULES_K5; weights None: a
-    large layer) and the GEMV up to GEMV_MAX_M rows where they take none."""
-    tc_rows = TC_ROWS if k <= 4 else TC_ROWS_K5
+    large layer) and the GEMV up to GEMV_MAX_M rows where they take none; k = 4 its own tensor-core
+    GEMV rows (TC_ROWS_K4)."""
+    tc_rows = TC_ROWS_K4 if k == 4 else TC_ROWS if k < 4 else TC_ROWS_K5
     if wgmma and weights is not None and rule_takes(tc_rows.get(capability, ()), weights, m):
         return "gemv_tc"
     if wgmma and k > 4 and rule_takes(WGMMA_RULES_K5.get(capability, ()), 1 << 62 if weights is None else weights, m):
