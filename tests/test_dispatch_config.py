@@ -75,6 +75,12 @@ def test_kbit_tensor_core_gemv_rows() -> None:
         "gemv", "gemv_tc", "gemv_tc", "mma", "mma"]  # k=4: M=4 of an 18-40 M layer on the MMA
     assert [dispatch.choose_path(m, (9, 0), wide, 2, wgmma=True) for m in (3, 4, 5)] == ["gemv_tc", "gemv_tc", "mma"]
     assert dispatch.choose_path(4, (9, 0), mid, 4, wgmma=True) == "mma"
+    # fp16 x at M=2 above 26 M weights: the stream-K GEMV (two units ahead), not the tensor-core one
+    assert [dispatch.choose_path(2, (9, 0), w, 4, wgmma=True, half_x=True) for w in (big, down, wide)] == [
+        "gemv", "gemv", "gemv"]
+    assert [dispatch.choose_path(m, (9, 0), big, 4, wgmma=True, half_x=True) for m in (1, 3)] == ["gemv", "gemv_tc"]
+    assert dispatch.choose_path(2, (9, 0), big, 5, wgmma=True, half_x=True) == "gemv"  # k = 5's own rules
+    assert dispatch.choose_path(2, (9, 0), big, 4, wgmma=False, half_x=True) == "gemv"
     assert [dispatch.choose_path(m, (9, 0), mid, 3, wgmma=True) for m in (2, 3, 4, 5, 9)] == [
         "gemv", "gemv_tc", "gemv_tc", "mma", "wgmma"]
     assert dispatch.choose_path(3, (9, 0), 4096 * 5120, 4, wgmma=True) == "gemv_tc"

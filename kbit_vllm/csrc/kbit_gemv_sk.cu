@@ -111,14 +111,23 @@ constexpr int kStageXMinUnits = 12;
 // from L1 (fp16) every x word of every unit. fp16 x is scaled too, so both run sk_unit's one flush
 // per block. Each warp multiplies its partial sums by its own inverse before they meet other
 // warps' in the accumulator.
+// Units a warp loads ahead of the one it sums (into registers): two at M = 2 (k <= 4; ~125
+// registers, so two CTAs per SM), one otherwise. H200 session 37, behind a writer, stream-K µs one /
+// two ahead: M=2 fp16 k=4 4096x28672 28.5 / 27.3, 14336x4096 20.0 / 17.6, 4096x6144 13.5 / 11.7,
+// bf16 k=4 4096x28672 31.6 / 28.9, 14336x4096 23.3 / 21.0; at M = 3, 4 two ahead lost 0.4-1.5
+// everywhere (M=4 4096x28672 fp16 34.2 / 36.1), at M=1 session 21 found it 1 µs slower on 4096x28672.
+template <int K, int M>
+constexpr int kSkAhead = M == 2 && K <= 4 ? 2 : 1;
+
 template <typename T, int K, int M, bool XS = false>
-__global__ void __launch_bounds__(SkCfg<K>::kThreads, K == 5 ? 1 : M <= 2 ? 3 : 2) gemv_sk_kernel(
+__global__ void __launch_bounds__(SkCfg<K>::kThreads, K == 5 ? 1 : M == 1 ? 3 : 2) gemv_sk_kernel(
     const T* __restrict__ x, const uint4* __restrict__ packed_t, const uint32_t* __restrict__ absmax_t,
     const float* __restrict__ codebook, const T* __restrict__ bias, T* __restrict__ y, int N, int nb,
     float* __restrict__ accum, int* __restrict__ counters) {
     static_assert(K >= 2 && K <= 5, "table GEMV takes k = 2..5");
     using C = SkCfg<K>;
     constexpr int kXsWarpSlots = C::kXsWarpSlots;
+    constexpr int kAhead = kSkAhead<K, M>;
     extern __shared__ uint4 smem_sk[];
     uint32_t* tbl = reinterpret_cast<uint32_t*>(smem_sk);
     const int lane = threadIdx.x & 31;
@@ -136,10 +145,11 @@ __global__ void __launch_bounds__(SkCfg<K>::kThreads, K == 5 ? 1 : M <= 2 ? 3 : 
     // took 4096x28672 23.2 -> 22.1 us, 14336x4096 15.4 -> 14.7; without XS, where x is read in the
     // unit loop, the earlier build is faster).
     const float cbl = lane_codebook<K>(codebook, lane);
-    uint4 p[K];
-    uint32_t a;
+    uint4 p[K], p1[K];  // units u and (kAhead = 2) u + 1
+    uint32_t a, a1 = 0;
     if constexpr (!XS) {
         sk_load<K>(packed_t, absmax_t, u0, lane, p, a);
+        if (kAhead == 2 && u0 + 1 < u1) sk_load<K>(packed_t, absmax_t, u0 + 1, lane, p1, a1);
         sk_build_table<K>(tbl, cbl, C::kThreads);
     }
     pdl_wait();
@@ -186,6 +196,7 @@ __global__ void __launch_bounds__(SkCfg<K>::kThreads, K == 5 ? 1 : M <= 2 ? 3 : 
         // (6.5 MB on 4096x28672) sit in the memory queues ahead of the slower warps' x (per-warp
         // timestamps, H200 session 22).
         sk_load<K>(packed_t, absmax_t, u0, lane, p, a);
+        if (kAhead == 2 && u0 + 1 < u1) sk_load<K>(packed_t, absmax_t, u0 + 1, lane, p1, a1);
         x_pow2_scale(warp_max(mx), xscale[0], xinv[0]);
         for (int q = lane; q < cnt * 4; q += 32) {
             uint4* sl = slot_of(q);
@@ -215,7 +226,7 @@ __global__ void __launch_bounds__(SkCfg<K>::kThreads, K == 5 ? 1 : M <= 2 ? 3 : 
     for (long long u = u0; u < u1; ++u) {
         uint4 pn[K];
         uint32_t an = 0;
-        if (u + 1 < u1) sk_load<K>(packed_t, absmax_t, u + 1, lane, pn, an);
+        if (u + kAhead < u1) sk_load<K>(packed_t, absmax_t, u + kAhead, lane, pn, an);
         if constexpr (XS) {
             const uint4* xs = reinterpret_cast<const uint4*>(tbl + C::x_word(slot));
             sk_unit<T, K, M, false, true>(p, a, xs, xoff, tblc, lane4, acc);
@@ -223,9 +234,19 @@ __global__ void __launch_bounds__(SkCfg<K>::kThreads, K == 5 ? 1 : M <= 2 ? 3 : 
         } else {
             sk_unit<T, K, M, !std::is_same<T, half>::value>(p, a, x4 + j * 4, xoff, tblc, lane4, acc, xscale);
         }
+        if constexpr (kAhead == 2) {
 #pragma unroll
-        for (int b = 0; b < K; ++b) p[b] = pn[b];
-        a = an;
+            for (int b = 0; b < K; ++b) {
+                p[b] = p1[b];
+                p1[b] = pn[b];
+            }
+            a = a1;
+            a1 = an;
+        } else {
+#pragma unroll
+            for (int b = 0; b < K; ++b) p[b] = pn[b];
+            a = an;
+        }
         if (j != nb - 1 && u + 1 != u1) {
             ++j;
             continue;

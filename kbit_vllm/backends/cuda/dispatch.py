@@ -457,14 +457,25 @@ def grouped_wgmma_one_cta(rows: int, n_exp: int, in_f: int, out_f: int, tile_row
     return ctas <= sms
 
 
+# fp16 x at M=2 (k <= 4) takes the stream-K table GEMV (two units ahead at M=2) above this many
+# weights, before the tensor-core GEMV. H200 session 37, behind a writer, µs stream-K / tensor-core
+# GEMV: fp16 k=4 4096x28672 27.0-27.7 / 29.5, 14336x4096 17.2-18.0 / 18.8, 4096x7168 11.8-12.2 / 13.2,
+# 4096x6144 11.6-11.8 / 11.1 (below the bound); bf16 (whose x the M=2 kernel converts per unit)
+# 28.7-29.1 / 29.3, 20.7-21.4 / 18.4, 13.2-13.7 / 13.2, so bf16 keeps the tensor-core GEMV.
+SK_FP16_M2_WEIGHTS: dict[tuple[int, int], int] = {(9, 0): 26 << 20}
+
+
 def choose_path(m: int, capability: tuple[int, int], weights: int | None = None, k: int = 4,
-                wgmma: bool = False) -> str:
+                wgmma: bool = False, half_x: bool = False) -> str:
     """'gemv', 'gemv_tc', 'mma', 'wgmma' or 'dequant' for an activation with m rows of a k-bit layer
     (weights: in x out of the layer; wgmma: whether the Hopper kernels (wgmma, tensor-core GEMV) can
     run here, ops.wgmma_ok outside deterministic mode). The table thresholds assume the MMA variant 5,
     which covers k <= 4 only: k = 5 has its own rules (TC_ROWS_K5, WGMMA_RULES_K5; weights None: a
     large layer) and the GEMV up to GEMV_MAX_M rows where they take none; k = 4 its own tensor-core
-    GEMV rows (TC_ROWS_K4)."""
+    GEMV rows (TC_ROWS_K4). half_x: fp16 activations (SK_FP16_M2_WEIGHTS)."""
+    if (wgmma and half_x and m == 2 and k <= 4 and weights is not None
+            and weights > SK_FP16_M2_WEIGHTS.get(capability, 1 << 62)):
+        return "gemv"
     tc_rows = TC_ROWS_K4 if k == 4 else TC_ROWS if k < 4 else TC_ROWS_K5
     if wgmma and weights is not None and rule_takes(tc_rows.get(capability, ()), weights, m):
         return "gemv_tc"

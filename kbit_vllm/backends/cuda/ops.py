@@ -428,7 +428,7 @@ def kbit_linear(x: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch
     dev = x.device
     wgmma = not dispatch.deterministic() and wgmma_ok(dev, k)
     cc = torch.cuda.get_device_capability(dev)
-    path = dispatch.choose_path(x2.shape[0], cc, x2.shape[1] * out_features, k, wgmma)
+    path = dispatch.choose_path(x2.shape[0], cc, x2.shape[1] * out_features, k, wgmma, x2.dtype == torch.float16)
     if path == "gemv_tc" and gemv_tc_ctas(dev, _ACT_FN[x2.dtype], k, x2.shape[0], out_features, x2.shape[1] // 32) == 0:
         path = dispatch.choose_path(x2.shape[0], cc, x2.shape[1] * out_features, k, False)  # too few units
     with torch.cuda.device(dev):
