@@ -95,22 +95,15 @@ __device__ __forceinline__ void sk_store_rows(T* __restrict__ y, const T* __rest
     }
 }
 
-// x is staged at M = 1 (see gemv_sk_kernel's XS) when each CTA has at least kStageXMinUnits units to
+// x is staged at M <= 2 (see gemv_sk_kernel's XS) when each CTA has at least kStageXMinUnits units to
 // amortize the staging pass. H200 (benchmarks/RESULTS.md, session 6, staged per CTA then), k=4 bf16
 // M=1 us without -> with: 4096x28672 (72 units per CTA) 26.0 -> 23.3, 14336x4096 (36) 16.7 ->
 // 15.3, 4096x6144 (15.5) 9.7 -> 9.2, 4096x4096 (10) 8.0 -> 8.4, 2048x5120 (6.5) 6.6 -> 6.9.
 constexpr int kStageXMinUnits = 12;
-// Staging slots (one 32-wide block of x each) per warp (SkCfg::kXsWarpSlots): a warp with more
-// units than that reads x from global memory instead (k <= 4: more than 64 * 8 * CTAs units, 4096
-// inputs x 203k rows on an H200).
+// Staging slots (one 32-wide block of x each) per warp (SkCfg::kXsWarpSlots), shared by its M
+// rows: a warp with more units than a row's share reads x from global memory instead (k <= 4, M=1:
+// more than 64 * 8 * CTAs units, 4096 inputs x 203k rows on an H200).
 
-// XS (M = 1, at most kXsWarpSlots units per warp): each warp stages the x blocks of its own
-// units (consecutive blocks from its first unit's, at most nb of them) as scaled fp16 in its own
-// kXsWarpSlots slots (SkCfg::x_word), at its own scale (a warp max: no block barrier on the way),
-// so the unit loop reads x from shared memory instead of every lane converting (bf16) or reading
-// from L1 (fp16) every x word of every unit. fp16 x is scaled too, so both run sk_unit's one flush
-// per block. Each warp multiplies its partial sums by its own inverse before they meet other
-// warps' in the accumulator.
 // Units a warp loads ahead of the one it sums (into registers): two at M = 2 (k <= 4; ~125
 // registers, so two CTAs per SM), one otherwise. H200 session 37, behind a writer, stream-K µs one /
 // two ahead: M=2 fp16 k=4 4096x28672 28.5 / 27.3, 14336x4096 20.0 / 17.6, 4096x6144 13.5 / 11.7,
@@ -119,6 +112,13 @@ constexpr int kStageXMinUnits = 12;
 template <int K, int M>
 constexpr int kSkAhead = M == 2 && K <= 4 ? 2 : 1;
 
+// XS (M <= 2, at most kXsWarpSlots / M units per warp): each warp stages the x blocks of its own
+// units (consecutive blocks from its first unit's, at most nb of them) as scaled fp16 in its own
+// kXsWarpSlots slots (SkCfg::x_word; row m in the m-th 1/M of them), at its own scale per row (a
+// warp max: no block barrier on the way), so the unit loop reads x from shared memory instead of
+// every lane converting (bf16) or reading from L1 (fp16) every x word of every unit. fp16 x is
+// scaled too, so both run sk_unit's one flush per block. Each warp multiplies its partial sums by
+// its own inverses before they meet other warps' in the accumulator.
 template <typename T, int K, int M, bool XS = false>
 __global__ void __launch_bounds__(SkCfg<K>::kThreads, K == 5 ? 1 : M == 1 ? 3 : 2) gemv_sk_kernel(
     const T* __restrict__ x, const uint4* __restrict__ packed_t, const uint32_t* __restrict__ absmax_t,
@@ -128,6 +128,10 @@ __global__ void __launch_bounds__(SkCfg<K>::kThreads, K == 5 ? 1 : M == 1 ? 3 : 
     using C = SkCfg<K>;
     constexpr int kXsWarpSlots = C::kXsWarpSlots;
     constexpr int kAhead = kSkAhead<K, M>;
+    // XS: row m of x in slots m * kXsRowSlots.. of the warp's; an even count keeps every row's slot
+    // at one uint4 offset from row 0's (staged_x_word pairs slots in a table row).
+    constexpr int kXsRowSlots = kXsWarpSlots / M;
+    static_assert(!XS || (M <= 2 && kXsRowSlots % 2 == 0), "XS stages one or two rows in even slot halves");
     extern __shared__ uint4 smem_sk[];
     uint32_t* tbl = reinterpret_cast<uint32_t*>(smem_sk);
     const int lane = threadIdx.x & 31;
@@ -167,28 +171,32 @@ __global__ void __launch_bounds__(SkCfg<K>::kThreads, K == 5 ? 1 : M == 1 ? 3 : 
         constexpr int kXsLoads = 4;
         constexpr bool kHalf = std::is_same<T, half>::value;
         const int cnt = static_cast<int>(u1 - u0 < nb ? u1 - u0 : nb);
-        const uint4* xq = reinterpret_cast<const uint4*>(x);
-        auto slot_of = [&](int q) -> uint4* {  // uint4 q of the warp's blocks: slot q / 4, quarter q % 4
-            return reinterpret_cast<uint4*>(tbl + C::x_word(slot0 + (q >> 2))) + (q & 3);
+        auto slot_of = [&](int m, int q) -> uint4* {  // uint4 q of row m's blocks: slot q / 4, quarter q % 4
+            return reinterpret_cast<uint4*>(tbl + C::x_word(slot0 + m * kXsRowSlots + (q >> 2))) + (q & 3);
         };
-        float mx = 0.f;
-        for (int base = 0; base < cnt * 4; base += kXsLoads * 32) {  // warp-uniform
-            uint4 v[kXsLoads];
+        float mx[M];
 #pragma unroll
-            for (int r = 0; r < kXsLoads; ++r) {
-                const int q = base + r * 32 + lane;
-                if (q < cnt * 4) {
-                    int jb = j + (q >> 2);
-                    if (jb >= nb) jb -= nb;
-                    v[r] = __ldg(xq + jb * 4 + (q & 3));
+        for (int m = 0; m < M; ++m) {
+            const uint4* xq = reinterpret_cast<const uint4*>(x + static_cast<size_t>(m) * nb * 32);
+            mx[m] = 0.f;
+            for (int base = 0; base < cnt * 4; base += kXsLoads * 32) {  // warp-uniform
+                uint4 v[kXsLoads];
+#pragma unroll
+                for (int r = 0; r < kXsLoads; ++r) {
+                    const int q = base + r * 32 + lane;
+                    if (q < cnt * 4) {
+                        int jb = j + (q >> 2);
+                        if (jb >= nb) jb -= nb;
+                        v[r] = __ldg(xq + jb * 4 + (q & 3));
+                    }
                 }
-            }
 #pragma unroll
-            for (int r = 0; r < kXsLoads; ++r) {
-                const int q = base + r * 32 + lane;
-                if (q < cnt * 4) {
-                    *slot_of(q) = v[r];
-                    mx = fmaxf(mx, kHalf ? h8_absmax(v[r]) : bf16x8_absmax(v[r]));
+                for (int r = 0; r < kXsLoads; ++r) {
+                    const int q = base + r * 32 + lane;
+                    if (q < cnt * 4) {
+                        *slot_of(m, q) = v[r];
+                        mx[m] = fmaxf(mx[m], kHalf ? h8_absmax(v[r]) : bf16x8_absmax(v[r]));
+                    }
                 }
             }
         }
@@ -197,10 +205,13 @@ __global__ void __launch_bounds__(SkCfg<K>::kThreads, K == 5 ? 1 : M == 1 ? 3 : 
         // timestamps, H200 session 22).
         sk_load<K>(packed_t, absmax_t, u0, lane, p, a);
         if (kAhead == 2 && u0 + 1 < u1) sk_load<K>(packed_t, absmax_t, u0 + 1, lane, p1, a1);
-        x_pow2_scale(warp_max(mx), xscale[0], xinv[0]);
-        for (int q = lane; q < cnt * 4; q += 32) {
-            uint4* sl = slot_of(q);
-            *sl = kHalf ? h8_scaled(*sl, xscale[0]) : bf16x8_to_scaled_h8(*sl, xscale[0]);
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+            x_pow2_scale(warp_max(mx[m]), xscale[m], xinv[m]);
+            for (int q = lane; q < cnt * 4; q += 32) {
+                uint4* sl = slot_of(m, q);
+                *sl = kHalf ? h8_scaled(*sl, xscale[m]) : bf16x8_to_scaled_h8(*sl, xscale[m]);
+            }
         }
         sk_build_table<K>(tbl, cbl, C::kThreads);
         __syncthreads();
@@ -210,9 +221,9 @@ __global__ void __launch_bounds__(SkCfg<K>::kThreads, K == 5 ? 1 : M == 1 ? 3 : 
 
     const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
     const char* tblc = reinterpret_cast<const char*>(tbl);
-    int xoff[M];  // uint4 offset of x row m
+    int xoff[M];  // uint4 offset of x row m: in global memory, or (XS) from row 0's slot to row m's
 #pragma unroll
-    for (int m = 0; m < M; ++m) xoff[m] = m * nb * 4;
+    for (int m = 0; m < M; ++m) xoff[m] = XS ? (C::x_word(m * kXsRowSlots) - C::x_word(0)) / 4 : m * nb * 4;
     const uint4* x4 = reinterpret_cast<const uint4*>(x);
     int j_first = j;
     [[maybe_unused]] int slot = slot0;  // XS: x slot of unit u (wraps after nb)
@@ -305,11 +316,11 @@ int launch_gemv_sk_kmx(const void* x, const void* pt, const uint8_t* at, const f
 template <typename T, int K, int M>
 int launch_gemv_sk_km(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int N,
                       int nb, void* y, int ctas, float* ws, int* counters, cudaStream_t stream) {
-    if constexpr (M == 1) {
+    if constexpr (M <= 2) {
         const long long units = static_cast<long long>((N + kTileN - 1) / kTileN) * nb;
         const long long warps = static_cast<long long>(ctas) * SkCfg<K>::kWarps;
         if (units >= static_cast<long long>(kStageXMinUnits) * ctas &&
-            (units + warps - 1) / warps <= SkCfg<K>::kXsWarpSlots)
+            (units + warps - 1) / warps <= SkCfg<K>::kXsWarpSlots / M)
             return launch_gemv_sk_kmx<T, K, M, true>(x, pt, at, cb, bias, N, nb, y, ctas, ws, counters, stream);
     }
     return launch_gemv_sk_kmx<T, K, M, false>(x, pt, at, cb, bias, N, nb, y, ctas, ws, counters, stream);

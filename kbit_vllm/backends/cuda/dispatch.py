@@ -217,15 +217,19 @@ def wgmma_even_grid(units: int, stages: int, ctas: int) -> int:
 # M=4 on 20-40 M layers it wins or ties on 4096- and 2048-wide inputs at k = 2, 3 (4096x5632 11.2 /
 # 11.7, 4096x8192 13.5 / 13.9, 2048x12288 12.0 / 12.5 at k=2) but not on 8192-wide ones (8192x3072
 # 14.4 / 12.8 at k=4); taking M=4 off it there lost 0.3-1.0 µs on the others, so it stays.
+# Session 37: M=2 left it for the stream-K GEMV (x staged per warp, two units ahead), behind a writer,
+# µs stream-K / tensor-core GEMV, k=4 bf16 (fp16): 4096x28672 23.8 / 29.9 (23.9 / 30.1), 14336x4096
+# 16.6 / 18.8 (15.8 / 18.9), 4096x7168 11.6 / 13.5 (11.6 / 13.5); k=2 bf16 21.7 / 25.8, 15.3 / 16.6,
+# 10.8 / 11.7.
 TC_ROWS: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((100 << 20, 2, 8), (40 << 20, 2, 4), (26 << 20, 2, 4), (18 << 20, 3, 4)),
+    (9, 0): ((100 << 20, 3, 8), (18 << 20, 3, 4)),
 }
 # k = 4 stops at M=3 on 18-40 M layers. Session 37 (behind a writer, gemv_tc / the faster of MMA and
 # wgmma, M=4, fp16 x; bf16 within 0.3): 4096x6144 14.1 / 12.9, 8192x3072 13.7 / 12.6, 4096x5120
 # 12.5 / 12.2, 4096x7168 15.2 / 14.5, 4096x5632 13.2 / 12.8, 2048x12288 13.6 / 13.6; k=2 keeps it
 # (4096x5120 11.3 / 11.5, 2048x12288 11.9 / 12.7, against 4096x6144 12.8 / 12.2).
 TC_ROWS_K4: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((100 << 20, 2, 8), (40 << 20, 2, 4), (26 << 20, 2, 3), (18 << 20, 3, 3)),
+    (9, 0): ((100 << 20, 3, 8), (40 << 20, 3, 4), (18 << 20, 3, 3)),
 }
 
 
@@ -457,25 +461,14 @@ def grouped_wgmma_one_cta(rows: int, n_exp: int, in_f: int, out_f: int, tile_row
     return ctas <= sms
 
 
-# fp16 x at M=2 (k <= 4) takes the stream-K table GEMV (two units ahead at M=2) above this many
-# weights, before the tensor-core GEMV. H200 session 37, behind a writer, µs stream-K / tensor-core
-# GEMV: fp16 k=4 4096x28672 27.0-27.7 / 29.5, 14336x4096 17.2-18.0 / 18.8, 4096x7168 11.8-12.2 / 13.2,
-# 4096x6144 11.6-11.8 / 11.1 (below the bound); bf16 (whose x the M=2 kernel converts per unit)
-# 28.7-29.1 / 29.3, 20.7-21.4 / 18.4, 13.2-13.7 / 13.2, so bf16 keeps the tensor-core GEMV.
-SK_FP16_M2_WEIGHTS: dict[tuple[int, int], int] = {(9, 0): 26 << 20}
-
-
 def choose_path(m: int, capability: tuple[int, int], weights: int | None = None, k: int = 4,
-                wgmma: bool = False, half_x: bool = False) -> str:
+                wgmma: bool = False) -> str:
     """'gemv', 'gemv_tc', 'mma', 'wgmma' or 'dequant' for an activation with m rows of a k-bit layer
     (weights: in x out of the layer; wgmma: whether the Hopper kernels (wgmma, tensor-core GEMV) can
     run here, ops.wgmma_ok outside deterministic mode). The table thresholds assume the MMA variant 5,
     which covers k <= 4 only: k = 5 has its own rules (TC_ROWS_K5, WGMMA_RULES_K5; weights None: a
     large layer) and the GEMV up to GEMV_MAX_M rows where they take none; k = 4 its own tensor-core
-    GEMV rows (TC_ROWS_K4). half_x: fp16 activations (SK_FP16_M2_WEIGHTS)."""
-    if (wgmma and half_x and m == 2 and k <= 4 and weights is not None
-            and weights > SK_FP16_M2_WEIGHTS.get(capability, 1 << 62)):
-        return "gemv"
+    GEMV rows (TC_ROWS_K4)."""
     tc_rows = TC_ROWS_K4 if k == 4 else TC_ROWS if k < 4 else TC_ROWS_K5
     if wgmma and weights is not None and rule_takes(tc_rows.get(capability, ()), weights, m):
         return "gemv_tc"

@@ -265,7 +265,10 @@ def gemv_sk_warps(k: int) -> int:
 # 9.6 / 10.9 (9.5 / 11.6), 2048x12288 9.2 / 9.3 (8.5 / 9.0); 4096x28672 21.6 (was 23.5). M=1 from
 # 1.5 for both: the kernel stages x when a CTA has >= 12 units (kStageXMinUnits, 8 warps: 1.5 a warp),
 # so this bound mirrors it; below, the cluster GEMV wins (1.29: 7.5 against 9.8 stream-K).
-SK_MIN_UNITS: dict[int, float] = {1: 1.5, 2: 3.0, 3: 2.5, 4: 2.5}
+# M=2 from 2.2 in session 37, staged x and two units ahead (two CTAs per SM): bf16 (fp16) k=4
+# stream-K / cluster µs, 2.42 units a warp (4096x5120) 11.1 / 11.5 (10.7 / 10.8), 2.91 (4096x6144)
+# 10.9 / 11.9 (10.9 / 11.3), (8192x3072) 11.7 / 13.8; 1.94 (4096x4096) 10.6 / 9.0 (10.5 / 8.5).
+SK_MIN_UNITS: dict[int, float] = {1: 1.5, 2: 2.2, 3: 2.5, 4: 2.5}
 # k = 5 (16 warps a CTA, one CTA per SM): M=1 on any layer with a CTA's worth of units (0: a smaller
 # grid where the layer has fewer than a wave's), M=2 from 2.5 units per warp (4096x6144), M=3 from 10
 # (4096x28672), M=4 never; dispatch.WGMMA_RULES_K5 takes the rows past them. H200 session 34 (bf16
@@ -428,7 +431,7 @@ def kbit_linear(x: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch
     dev = x.device
     wgmma = not dispatch.deterministic() and wgmma_ok(dev, k)
     cc = torch.cuda.get_device_capability(dev)
-    path = dispatch.choose_path(x2.shape[0], cc, x2.shape[1] * out_features, k, wgmma, x2.dtype == torch.float16)
+    path = dispatch.choose_path(x2.shape[0], cc, x2.shape[1] * out_features, k, wgmma)
     if path == "gemv_tc" and gemv_tc_ctas(dev, _ACT_FN[x2.dtype], k, x2.shape[0], out_features, x2.shape[1] // 32) == 0:
         path = dispatch.choose_path(x2.shape[0], cc, x2.shape[1] * out_features, k, False)  # too few units
     with torch.cuda.device(dev):
