@@ -5,13 +5,15 @@
 // All units are split into equal contiguous ranges, one per warp of a grid that fills the GPU
 // once (stream-K), so every SM gets the same number of units whatever the shape. A lane owns 4
 // rows: it reads one uint4 per plane (rows 4l..4l+3) and one word of absmax per unit, and it
-// prefetches the next unit into registers while it decodes the current one. A pair of codes
-// becomes its table address in one byte permute (the pair byte next to the lane's byte offset,
-// in a table with a 256-byte row per entry), then one shared load and one half2 FMA. x is read
-// straight from global memory (a warp-uniform address, so one L1 transaction per 16 bytes); no
-// staging, no block barrier after the table is built. bf16 x is turned into fp16 times a power
-// of two per row (chosen from the row's max |x| by each CTA up front), exactly, so bf16 runs the
-// same half2 FMA loop as fp16 instead of converting every weight pair to fp32.
+// prefetches the next unit (M=2: the next two) into registers while it decodes the current one. A
+// pair of codes becomes its table address in one byte permute (the pair byte next to the lane's
+// byte offset, in a table with a 256-byte row per entry), then one shared load and one half2 FMA.
+// At M <= 2, where each CTA has enough units, every warp stages its units' x blocks in shared
+// memory as fp16 times a power of two per row (XS below); otherwise x is read straight from global
+// memory (a warp-uniform address, so one L1 transaction per 16 bytes), bf16 turned into fp16 times
+// a power of two per row (chosen from the row's max |x| by each CTA up front). Either way, no block
+// barrier after the table is built, and bf16 runs the same half2 FMA loop as fp16 instead of
+// converting every weight pair to fp32.
 //
 // A warp's range covers at most two partial tiles (its head and its tail) and any number of
 // whole tiles between them. Whole tiles are written directly. Partials are added into a zeroed
