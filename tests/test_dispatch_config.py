@@ -64,9 +64,9 @@ def test_kbit_gemv_rows_by_bits() -> None:
 
 def test_kbit_tensor_core_gemv_rows() -> None:
     """H200: the tensor-core GEMV takes M = 3..8 on the largest layers, fewer rows on smaller ones (M=3
-    above 18 M weights, M=4 of k=4 only above 40 M), never M = 1 or 2 (the stream-K GEMV: M=2 above
-    26 M weights by SK_M2_WEIGHTS, below by TC_ROWS), or where the Hopper kernels cannot run
-    (wgmma=False); k = 5 has its own rows and none of them (test_kbit5_hopper_rules)."""
+    above 18 M weights, M=4 of k=4 only above 40 M), never M = 1 or 2 (the stream-K GEMV, x staged
+    per warp, where a layer has enough units; else the cluster GEMV), or where the Hopper kernels
+    cannot run (wgmma=False); k = 5 has its own rows and none of them (test_kbit5_hopper_rules)."""
     big, down, mid, small, tiny = 4096 * 28672, 14336 * 4096, 4096 * 6144, 2048 * 5120, 2048 * 512
     wide = 4096 * 7168
     assert [dispatch.choose_path(m, (9, 0), big, 4, wgmma=True) for m in (1, 2, 3, 8, 9)] == [
