@@ -26,6 +26,7 @@ import torch
 from . import ops
 from .formats import AWQ_ORDER, normal_float_codebook
 from .formats.kbit_layout import tiled_bit_position, tiled_word
+from .layers.moe_compute import kbit_quantize_experts, kbit_repack_experts
 
 TOL = {torch.float16: 1e-2, torch.bfloat16: 2e-2, torch.float32: 1e-4}
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -421,14 +422,14 @@ class Runner:
         top_k = min(n_exp, _pick(g, (1, 2, 4, 8)))
         tokens = _pick(g, (0, 1, 2, 3, 5, 8, 17))
         cb = normal_float_codebook(k, dev)
-        tiled: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {"w13": [], "w2": []}
-        w64: dict[str, list[torch.Tensor]] = {"w13": [], "w2": []}
+        pt: list[torch.Tensor] = []  # w13 packed, absmax, w2 packed, absmax (tiled, stacked)
+        w64: dict[str, list[torch.Tensor]] = {}
         for name, (o, i) in (("w13", (2 * inter, hidden)), ("w2", (hidden, inter))):
-            for _ in range(n_exp):
-                p, a = ops.kbit_quantize(_weight(g, o, i, dev) * 0.1, cb, k)
-                tiled[name].append(ops.kbit_repack(p, a, k))
-                w64[name].append(ref_kbit_weight(ref_codes_serialized(p, k), a, cb))
-        pt = [torch.stack([t[j] for t in tiled[n]]) for n in ("w13", "w2") for j in (0, 1)]
+            w = torch.stack([_weight(g, o, i, dev) * 0.1 for _ in range(n_exp)])
+            packed, absmax = kbit_quantize_experts(w, cb, k, name)
+            pt += kbit_repack_experts(packed, absmax, k)
+            w64[name] = [ref_kbit_weight(ref_codes_serialized(p, k), a, cb)
+                         for p, a in zip(packed, absmax, strict=True)]
         ids = torch.stack([torch.randperm(n_exp, generator=g)[:top_k] for _ in range(tokens)]) if tokens else \
             torch.zeros(0, top_k, dtype=torch.int64)
         if tokens and bool(torch.randint(0, 3, (), generator=g) == 0):

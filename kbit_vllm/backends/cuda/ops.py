@@ -289,9 +289,8 @@ def gemv_sk_ctas(dev: torch.device, sfx: str, k: int, m: int, out_features: int,
     key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, m, sfx)
     if key not in _SK_OCC:
         _SK_OCC[key] = int(getattr(LIB, f"kbit_vllm_gemv_sk_ctas_per_sm_{sfx}")(_i(k), _i(m)))
-    min_units = SK_MIN_UNITS_K5.get(m) if k == 5 else SK_MIN_UNITS.get(m)
-    return dispatch.stream_k_grid(_SK_OCC[key] * _sms(dev), ((out_features + 127) // 128) * nb, warps, min_units,
-                                  forced)
+    return dispatch.stream_k_grid(_SK_OCC[key] * _sms(dev), ((out_features + 127) // 128) * nb, warps,
+                                  (SK_MIN_UNITS_K5 if k == 5 else SK_MIN_UNITS).get(m), forced)
 
 
 # Tensor-core GEMV (csrc/kbit_gemv_tc.cu, Hopper, k <= 5): a work unit is one (128-feature layout
