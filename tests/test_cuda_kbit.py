@@ -273,15 +273,15 @@ def test_bf16_activation_range(scale, path):
 
 @pytest.mark.parametrize("k", (2, 3, 4, 5))
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m", (1, 2))
+@pytest.mark.parametrize("m", (1, 2, 3, 4))
 @pytest.mark.parametrize("in_f,out_f", ((5120, 4001), (16384, 1500), (16416, 1500), (64, 640000)))
 def test_gemv_sk_staged_x(k, dtype, m, in_f, out_f):
-    """M <= 2 stream-K GEMV on layers whose CTAs get >= 12 units: each warp stages the x blocks of
+    """M <= 4 stream-K GEMV on layers whose CTAs get >= 12 units: each warp stages the x blocks of
     its own units in shared memory as fp16 times its own power of two per row (csrc/kbit_gemv_sk.cu,
-    XS; fp16 x is scaled too, so one flush per block cannot overflow; row 1 in the second half of
-    the warp's slots, at a scale of its own), with warp ranges that wrap from one tile into the
-    next, nb = 512 and 513 (no limit on nb), and (64 inputs) warps with more units than blocks, so
-    their slots wrap and whole tiles are written directly at the warp's scales."""
+    XS; fp16 x is scaled too, so one flush per block cannot overflow; row r in the r-th even share
+    of the warp's slots, each row at a magnitude of its own), with warp ranges that wrap from one
+    tile into the next, nb = 512 and 513 (no limit on nb), and (64 inputs) warps with more units
+    than blocks, so their slots wrap and whole tiles are written directly at the warp's scales."""
     packed, absmax, cb = _weights(out_f, in_f, k)
     pt, at = ops.kbit_repack(packed, absmax, k)
     w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64)
@@ -291,7 +291,7 @@ def test_gemv_sk_staged_x(k, dtype, m, in_f, out_f):
     sfx = "bf16" if dtype == torch.bfloat16 else "fp16"
     ctas = cuda_ops.gemv_sk_ctas(torch.device(DEV), sfx, k, m, out_f, nb, forced=True)
     warps = cuda_ops.gemv_sk_warps(k) * ctas  # k = 5: 16 a CTA, 32 staging slots each
-    assert units >= 12 * ctas and -(-units // warps) <= 512 // cuda_ops.gemv_sk_warps(k) // m, \
+    assert units >= 12 * ctas and -(-units // warps) <= (512 // cuda_ops.gemv_sk_warps(k) // m) & ~1, \
         "the shape no longer reaches the staged-x kernel"
     bias = torch.randn(out_f, device=DEV, dtype=dtype)
     blk = torch.arange(in_f, device=DEV) // 32 % 7
@@ -299,7 +299,7 @@ def test_gemv_sk_staged_x(k, dtype, m, in_f, out_f):
         # Per-block magnitudes 2^0..2^18 give warps different scales; a partial left at the wrong
         # scale would be off by up to 2^18 relative to its share of every output.
         cases = ((1e-30, None), (1.0, bias), (1e30, None), (torch.pow(2.0, 3.0 * blk), None))
-        row1 = 1e3  # the second row's magnitude against the first's
+        rows = (1.0, 1e3, 1e-3, 1e-6)  # each row's magnitude against the first's (1e33..1e-36 in range)
     else:
         # fp16 x inside its range, output too (k=2's dequantized weights reach the block absmax, so
         # y of a block at |x| ~ 2000 overflows fp16 somewhere in 640000 rows): tiny rows (scaled
@@ -308,10 +308,10 @@ def test_gemv_sk_staged_x(k, dtype, m, in_f, out_f):
         big = torch.ones(in_f, device=DEV)
         big[:32] = 300.0
         cases = ((1e-4, None), (1.0, bias), (torch.pow(2.0, 2.0 * blk) / 64.0, None), (big, None))
-        row1 = 1.0 / 16.0
+        rows = (1.0, 1.0 / 16.0, 2.0, 0.25)
     for scale, b in cases:
         x = torch.randn(m, in_f, device=DEV) * scale
-        x[1:] *= row1
+        x *= torch.tensor(rows[:m], device=DEV)[:, None]
         x = x.to(dtype)
         poison_allocator(m * out_f * 2)
         y = cuda_ops.linear_path(x, pt, at, cb, b, k, out_f, "gemv_sk")

@@ -8,7 +8,7 @@
 // prefetches the next unit (M=2: the next two) into registers while it decodes the current one. A
 // pair of codes becomes its table address in one byte permute (the pair byte next to the lane's
 // byte offset, in a table with a 256-byte row per entry), then one shared load and one half2 FMA.
-// At M <= 2, where each CTA has enough units, every warp stages its units' x blocks in shared
+// At M <= 4, where each CTA has enough units, every warp stages its units' x blocks in shared
 // memory as fp16 times a power of two per row (XS below); otherwise x is read straight from global
 // memory (a warp-uniform address, so one L1 transaction per 16 bytes), bf16 turned into fp16 times
 // a power of two per row (chosen from the row's max |x| by each CTA up front). Either way, no block
@@ -97,7 +97,7 @@ __device__ __forceinline__ void sk_store_rows(T* __restrict__ y, const T* __rest
     }
 }
 
-// x is staged at M <= 2 (see gemv_sk_kernel's XS) when each CTA has at least kStageXMinUnits units to
+// x is staged at M <= 4 (see gemv_sk_kernel's XS) when each CTA has at least kStageXMinUnits units to
 // amortize the staging pass. H200 (benchmarks/RESULTS.md, session 6, staged per CTA then), k=4 bf16
 // M=1 us without -> with: 4096x28672 (72 units per CTA) 26.0 -> 23.3, 14336x4096 (36) 16.7 ->
 // 15.3, 4096x6144 (15.5) 9.7 -> 9.2, 4096x4096 (10) 8.0 -> 8.4, 2048x5120 (6.5) 6.6 -> 6.9.
@@ -114,13 +114,16 @@ constexpr int kStageXMinUnits = 12;
 template <int K, int M>
 constexpr int kSkAhead = M == 2 && K <= 4 ? 2 : 1;
 
-// XS (M <= 2, at most kXsWarpSlots / M units per warp): each warp stages the x blocks of its own
-// units (consecutive blocks from its first unit's, at most nb of them) as scaled fp16 in its own
-// kXsWarpSlots slots (SkCfg::x_word; row m in the m-th 1/M of them), at its own scale per row (a
-// warp max: no block barrier on the way), so the unit loop reads x from shared memory instead of
-// every lane converting (bf16) or reading from L1 (fp16) every x word of every unit. fp16 x is
-// scaled too, so both run sk_unit's one flush per block. Each warp multiplies its partial sums by
-// its own inverses before they meet other warps' in the accumulator.
+// XS (M <= 4, at most kXsWarpSlots / M units per warp, rounded down to even): each warp stages the
+// x blocks of its own units (consecutive blocks from its first unit's, at most nb of them) as
+// scaled fp16 in its own kXsWarpSlots slots (SkCfg::x_word; row m in the m-th such share), at its
+// own scale per row (a warp max: no block barrier on the way), so the unit loop reads x from shared
+// memory instead of every lane converting (bf16) or reading from L1 (fp16) every x word of every
+// unit. fp16 x is scaled too, so both run sk_unit's one flush per block. Each warp multiplies its
+// partial sums by its own inverses before they meet other warps' in the accumulator.
+// H200 session 38, behind a writer, k=4 stream-K µs x read per unit / staged: M=3 bf16 4096x28672
+// 37.9 / 27.2, 14336x4096 27.4 / 19.0, 4096x6144 15.4 / 12.3; fp16 31.1 / 26.6, 19.3 / 17.9; M=4 bf16
+// 45.1 / 32.4, 32.1 / 21.2.
 template <typename T, int K, int M, bool XS = false>
 __global__ void __launch_bounds__(SkCfg<K>::kThreads, K == 5 ? 1 : M == 1 ? 3 : 2) gemv_sk_kernel(
     const T* __restrict__ x, const uint4* __restrict__ packed_t, const uint32_t* __restrict__ absmax_t,
@@ -132,8 +135,8 @@ __global__ void __launch_bounds__(SkCfg<K>::kThreads, K == 5 ? 1 : M == 1 ? 3 : 
     constexpr int kAhead = kSkAhead<K, M>;
     // XS: row m of x in slots m * kXsRowSlots.. of the warp's; an even count keeps every row's slot
     // at one uint4 offset from row 0's (staged_x_word pairs slots in a table row).
-    constexpr int kXsRowSlots = kXsWarpSlots / M;
-    static_assert(!XS || (M <= 2 && kXsRowSlots % 2 == 0), "XS stages one or two rows in even slot halves");
+    constexpr int kXsRowSlots = (kXsWarpSlots / M) & ~1;
+    static_assert(!XS || kXsRowSlots >= 2, "XS stages each row in an even share of the warp's slots");
     extern __shared__ uint4 smem_sk[];
     uint32_t* tbl = reinterpret_cast<uint32_t*>(smem_sk);
     const int lane = threadIdx.x & 31;
@@ -318,11 +321,11 @@ int launch_gemv_sk_kmx(const void* x, const void* pt, const uint8_t* at, const f
 template <typename T, int K, int M>
 int launch_gemv_sk_km(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int N,
                       int nb, void* y, int ctas, float* ws, int* counters, cudaStream_t stream) {
-    if constexpr (M <= 2) {
+    if constexpr (M <= 4) {
         const long long units = static_cast<long long>((N + kTileN - 1) / kTileN) * nb;
         const long long warps = static_cast<long long>(ctas) * SkCfg<K>::kWarps;
         if (units >= static_cast<long long>(kStageXMinUnits) * ctas &&
-            (units + warps - 1) / warps <= SkCfg<K>::kXsWarpSlots / M)
+            (units + warps - 1) / warps <= ((SkCfg<K>::kXsWarpSlots / M) & ~1))
             return launch_gemv_sk_kmx<T, K, M, true>(x, pt, at, cb, bias, N, nb, y, ctas, ws, counters, stream);
     }
     return launch_gemv_sk_kmx<T, K, M, false>(x, pt, at, cb, bias, N, nb, y, ctas, ws, counters, stream);
