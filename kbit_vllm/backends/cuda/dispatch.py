@@ -228,8 +228,18 @@ TC_ROWS: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
 # wgmma, M=4, fp16 x; bf16 within 0.3): 4096x6144 14.1 / 12.9, 8192x3072 13.7 / 12.6, 4096x5120
 # 12.5 / 12.2, 4096x7168 15.2 / 14.5, 4096x5632 13.2 / 12.8, 2048x12288 13.6 / 13.6; k=2 keeps it
 # (4096x5120 11.3 / 11.5, 2048x12288 11.9 / 12.7, against 4096x6144 12.8 / 12.2).
+# Session 38: the stream-K GEMV stages x at M = 3, 4 too, and at k=4 takes M=3 from the tensor-core
+# GEMV on layers above 22 M weights, up to where a warp's units outgrow its staging share (20 units
+# a warp at M=3, 165 M weights on 132 SMs; past it x is read per unit and loses). Behind a writer, µs
+# stream-K / tensor-core GEMV, k=4 M=3 bf16 (fp16): 4096x28672 27.2 / 30.7 (26.6 / 31.2), 14336x4096
+# 19.0 / 19.5 (17.9 / 19.3), 4096x6144 12.7 / 13.6 (12.7 / 13.6), 4096x7168 13.4 / 14.0, 4096x8192
+# 13.3 / 14.7, 2048x12288 11.8 / 13.0, 5120x13824 18.9 / 21.6, 13824x5120 19.8 / 21.5, but 4096x5632
+# (22 M) 12.7 / 12.4, 8192x3072 13.9 / 13.4 (the MMA 12.5), 8192x28672 (27 units a warp) 68.3 /
+# 51.3. At M=4 (staged) it loses to the tensor-core GEMV or the MMA on all of them but 4096x28672
+# fp16 (30.4 / 31.1), and at k = 2, 3 it wins only on some layers by up to 1 µs (k=2 14336x4096 M=3
+# 19.2 / 17.1), so those keep their rows. A rule whose first row is past its last takes none.
 TC_ROWS_K4: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((100 << 20, 3, 8), (40 << 20, 3, 4), (18 << 20, 3, 3)),
+    (9, 0): ((165 << 20, 3, 8), (100 << 20, 4, 8), (40 << 20, 4, 4), (22 << 20, 4, 3), (18 << 20, 3, 3)),
 }
 
 
