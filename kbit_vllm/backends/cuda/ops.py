@@ -268,6 +268,8 @@ def gemv_sk_warps(k: int) -> int:
 # M=2 from 2.2 in session 37, staged x and two units ahead (two CTAs per SM): bf16 (fp16) k=4
 # stream-K / cluster µs, 2.42 units a warp (4096x5120) 11.1 / 11.5 (10.7 / 10.8), 2.91 (4096x6144)
 # 10.9 / 11.9 (10.9 / 11.3), (8192x3072) 11.7 / 13.8; 1.94 (4096x4096) 10.6 / 9.0 (10.5 / 8.5).
+# M=3 (k=4) since session 38: dispatch.TC_ROWS_K4 sends layers of 22-165 M weights here (x staged per
+# warp at M <= 4), all of them at 2.7 units a warp or more.
 SK_MIN_UNITS: dict[int, float] = {1: 1.5, 2: 2.2, 3: 2.5, 4: 2.5}
 # k = 5 (16 warps a CTA, one CTA per SM): M=1 on any layer with a CTA's worth of units (0: a smaller
 # grid where the layer has fewer than a wave's), M=2 from 2.5 units per warp (4096x6144), M=3 from 10
