@@ -321,13 +321,11 @@ int launch_gemv_sk_kmx(const void* x, const void* pt, const uint8_t* at, const f
 template <typename T, int K, int M>
 int launch_gemv_sk_km(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int N,
                       int nb, void* y, int ctas, float* ws, int* counters, cudaStream_t stream) {
-    if constexpr (M <= 4) {
-        const long long units = static_cast<long long>((N + kTileN - 1) / kTileN) * nb;
-        const long long warps = static_cast<long long>(ctas) * SkCfg<K>::kWarps;
-        if (units >= static_cast<long long>(kStageXMinUnits) * ctas &&
-            (units + warps - 1) / warps <= ((SkCfg<K>::kXsWarpSlots / M) & ~1))
-            return launch_gemv_sk_kmx<T, K, M, true>(x, pt, at, cb, bias, N, nb, y, ctas, ws, counters, stream);
-    }
+    const long long units = static_cast<long long>((N + kTileN - 1) / kTileN) * nb;
+    const long long warps = static_cast<long long>(ctas) * SkCfg<K>::kWarps;
+    if (units >= static_cast<long long>(kStageXMinUnits) * ctas &&
+        (units + warps - 1) / warps <= ((SkCfg<K>::kXsWarpSlots / M) & ~1))
+        return launch_gemv_sk_kmx<T, K, M, true>(x, pt, at, cb, bias, N, nb, y, ctas, ws, counters, stream);
     return launch_gemv_sk_kmx<T, K, M, false>(x, pt, at, cb, bias, N, nb, y, ctas, ws, counters, stream);
 }
 
