@@ -114,6 +114,11 @@ constexpr int kStageXMinUnits = 12;
 template <int K, int M>
 constexpr int kSkAhead = M == 2 && K <= 4 ? 2 : 1;
 
+// XS: each of the M rows' share of a warp's staging slots (above), an even count so every row's
+// slot sits at one uint4 offset from row 0's (staged_x_word pairs slots in a table row).
+template <int K, int M>
+constexpr int kXsRowSlots = (SkCfg<K>::kXsWarpSlots / M) & ~1;
+
 // XS (M <= 4, at most kXsWarpSlots / M units per warp, rounded down to even): each warp stages the
 // x blocks of its own units (consecutive blocks from its first unit's, at most nb of them) as
 // scaled fp16 in its own kXsWarpSlots slots (SkCfg::x_word; row m in the m-th such share), at its
@@ -133,10 +138,8 @@ __global__ void __launch_bounds__(SkCfg<K>::kThreads, K == 5 ? 1 : M == 1 ? 3 : 
     using C = SkCfg<K>;
     constexpr int kXsWarpSlots = C::kXsWarpSlots;
     constexpr int kAhead = kSkAhead<K, M>;
-    // XS: row m of x in slots m * kXsRowSlots.. of the warp's; an even count keeps every row's slot
-    // at one uint4 offset from row 0's (staged_x_word pairs slots in a table row).
-    constexpr int kXsRowSlots = (kXsWarpSlots / M) & ~1;
-    static_assert(!XS || kXsRowSlots >= 2, "XS stages each row in an even share of the warp's slots");
+    constexpr int kRowSlots = kXsRowSlots<K, M>;  // XS: row m of x in slots m * kRowSlots.. of the warp's
+    static_assert(!XS || kRowSlots >= 2, "XS stages each row in an even share of the warp's slots");
     extern __shared__ uint4 smem_sk[];
     uint32_t* tbl = reinterpret_cast<uint32_t*>(smem_sk);
     const int lane = threadIdx.x & 31;
@@ -177,7 +180,7 @@ __global__ void __launch_bounds__(SkCfg<K>::kThreads, K == 5 ? 1 : M == 1 ? 3 : 
         constexpr bool kHalf = std::is_same<T, half>::value;
         const int cnt = static_cast<int>(u1 - u0 < nb ? u1 - u0 : nb);
         auto slot_of = [&](int m, int q) -> uint4* {  // uint4 q of row m's blocks: slot q / 4, quarter q % 4
-            return reinterpret_cast<uint4*>(tbl + C::x_word(slot0 + m * kXsRowSlots + (q >> 2))) + (q & 3);
+            return reinterpret_cast<uint4*>(tbl + C::x_word(slot0 + m * kRowSlots + (q >> 2))) + (q & 3);
         };
         float mx[M];
 #pragma unroll
@@ -228,7 +231,7 @@ __global__ void __launch_bounds__(SkCfg<K>::kThreads, K == 5 ? 1 : M == 1 ? 3 : 
     const char* tblc = reinterpret_cast<const char*>(tbl);
     int xoff[M];  // uint4 offset of x row m: in global memory, or (XS) from row 0's slot to row m's
 #pragma unroll
-    for (int m = 0; m < M; ++m) xoff[m] = XS ? (C::x_word(m * kXsRowSlots) - C::x_word(0)) / 4 : m * nb * 4;
+    for (int m = 0; m < M; ++m) xoff[m] = XS ? (C::x_word(m * kRowSlots) - C::x_word(0)) / 4 : m * nb * 4;
     const uint4* x4 = reinterpret_cast<const uint4*>(x);
     int j_first = j;
     [[maybe_unused]] int slot = slot0;  // XS: x slot of unit u (wraps after nb)
@@ -324,7 +327,7 @@ int launch_gemv_sk_km(const void* x, const void* pt, const uint8_t* at, const fl
     const long long units = static_cast<long long>((N + kTileN - 1) / kTileN) * nb;
     const long long warps = static_cast<long long>(ctas) * SkCfg<K>::kWarps;
     if (units >= static_cast<long long>(kStageXMinUnits) * ctas &&
-        (units + warps - 1) / warps <= ((SkCfg<K>::kXsWarpSlots / M) & ~1))
+        (units + warps - 1) / warps <= kXsRowSlots<K, M>)
         return launch_gemv_sk_kmx<T, K, M, true>(x, pt, at, cb, bias, N, nb, y, ctas, ws, counters, stream);
     return launch_gemv_sk_kmx<T, K, M, false>(x, pt, at, cb, bias, N, nb, y, ctas, ws, counters, stream);
 }
