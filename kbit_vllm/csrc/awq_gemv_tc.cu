@@ -38,7 +38,12 @@ constexpr int kTcWarps = 8;
 constexpr int kTcThreads = kTcWarps * 32;
 constexpr int kTcCols = 64;                  // outputs per tile
 constexpr int kTcBK = 64;                    // inputs per unit (two 32-input segments)
-constexpr int kTcStages = 4;                 // ring slots per warp (kTcStages - 1 units in flight)
+// Ring slots per warp: one unit in flight while one is summed. Deeper rings lost: H200 session 39,
+// behind a writer, µs with 4 / 2 slots (8 warps a CTA, two CTAs an SM): fp16 M=1 4096x28672 26.1 /
+// 24.6, 14336x4096 16.6 / 14.9, M=8 29.1 / 27.8; bf16 M=1 28.6 / 26.9, 17.6 / 16.0; 3 slots in
+// between, and a 4-slot ring filled one unit at a time from the start, 10 or 12 warps a CTA and one
+// slot all slower (benchmarks/RESULTS.md).
+constexpr int kTcStages = 2;
 constexpr int kTcWBox = (kTcCols / 8) * 128;  // one segment's weights: 8 column groups x 32 words
 constexpr int kTcSBox = kTcCols * 4;          // one segment's scale / bias pair words
 constexpr int kTcSlot = 3 * 1024;             // 2 weight boxes (1024-aligned) + 2 scale boxes
