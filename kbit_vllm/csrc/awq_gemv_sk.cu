@@ -36,10 +36,13 @@ constexpr int kSkQuads = 4;                   // 16-byte copies per lane per uni
 constexpr int kUnitQuads = 32 * kSkQuads;     // quads (4 inputs of 8 outputs) per unit
 constexpr int kUnitInputs = 4 * kUnitQuads;   // 512: a multiple of every group size
 constexpr int kUnitGroups = kUnitInputs / 32; // groups per unit at most (group 32)
-constexpr int kStages = 3;                    // units per warp in flight: kStages - 1 while one is summed
+// Units per warp in the pipeline: one in flight while one is summed. H200 session 39, behind a
+// writer, µs with 3 / 2 stages: fp16 M=1 4096x28672 27.2 / 26.8, 14336x4096 17.8 / 16.7, 4096x4096
+// 9.5 / 8.0, M=2 4096x28672 32.7 / 31.4; bf16 M=1 14336x4096 19.3 / 17.9, 4096x4096 9.9 / 8.3.
+constexpr int kStages = 2;
 constexpr int kStageW = kUnitQuads * 16;      // bytes of weights per stage
 constexpr int kStageBytes = kStageW + kUnitGroups * 32;
-constexpr int kSkSmem = kSkWarps * kStages * kStageBytes;  // 60 KB per CTA
+constexpr int kSkSmem = kSkWarps * kStages * kStageBytes;  // 40 KB per CTA
 
 // Start the copies of unit (c, ch) into stage st: quad 32i + lane of the unit at st + (32i + lane) * 16,
 // then the 32-byte scale / bias pairs of the unit's groups (512 >> group_shift of them), group j at
