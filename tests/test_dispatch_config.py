@@ -179,6 +179,26 @@ def test_stream_k_grid() -> None:
     assert dispatch.stream_k_grid(132, 256, 16, 3.0, forced=True) == 16
 
 
+def test_stream_k_m1_ctas() -> None:
+    """At M=1 the kbit stream-K GEMV runs two CTAs an SM where a wave of three gives each warp fewer
+    than SK_M1_FULL_WAVE_FROM units (Llama-3-8B's qkv and down, not gate/up); a grid of two an SM or
+    fewer, and 0 (the cluster GEMV), stay as they are."""
+    sms, warps = 132, 8
+    wave = 3 * sms
+    units = {"qkv": 48 * 128, "down": 32 * 448, "gate_up": 224 * 128, "4096x20480": 160 * 128}
+    assert dispatch.stream_k_m1_ctas(wave, sms, units["qkv"], warps) == 2 * sms
+    assert dispatch.stream_k_m1_ctas(wave, sms, units["down"], warps) == 2 * sms
+    assert dispatch.stream_k_m1_ctas(wave, sms, units["gate_up"], warps) == wave
+    assert dispatch.stream_k_m1_ctas(wave, sms, units["4096x20480"], warps) == wave
+    bound = int(wave * warps * dispatch.SK_M1_FULL_WAVE_FROM)
+    assert dispatch.stream_k_m1_ctas(wave, sms, bound - 1, warps) == 2 * sms
+    assert dispatch.stream_k_m1_ctas(wave, sms, bound, warps) == wave
+    assert dispatch.stream_k_m1_ctas(2 * sms, sms, units["qkv"], warps) == 2 * sms
+    assert dispatch.stream_k_m1_ctas(300, sms, 300 * warps, warps) == 2 * sms  # forced, small layer
+    assert dispatch.stream_k_m1_ctas(100, sms, 1000, warps) == 100
+    assert dispatch.stream_k_m1_ctas(0, sms, units["qkv"], warps) == 0
+
+
 def test_awq_wgmma_rules() -> None:
     """H200: awq_orin's wgmma kernel takes each size class's row range (WGMMA_RULES: the first
     entry the layer is above) where it can run; elsewhere DISPATCH stands."""
@@ -199,13 +219,14 @@ def test_awq_wgmma_rules() -> None:
         assert awq_ops.choose_path(first, (8, 0), True, w) != "wgmma"
     smallest = min(r[0] for r in rules)
     assert all(awq_ops.choose_path(m, (9, 0), True, smallest) != "wgmma" for m in range(1, 1025))
-    assert all(awq_ops.choose_path(1, (9, 0), True, w) == "gemv" for w in (1 << 20, 4096 * 6144, 8192 * 8192))
+    assert all(awq_ops.choose_path(1, (9, 0), True, w) == "gemv" for w in (1 << 20, 4096 * 6144, 8192 * 4096))
+    assert awq_ops.choose_path(1, (9, 0), True, 8192 * 8192) == "gemv_tc"   # M=1 from 40 M weights
     assert awq_ops.choose_path(1, (9, 0), True, 4096 * 28672) == "gemv_tc"   # Llama-3-8B gate/up, batch 1
     assert awq_ops.choose_path(1, (9, 0), False, 4096 * 28672) == "gemv"
     assert awq_ops.choose_path(4, (9, 0), True, 4096 * 28672) == "gemv_tc"   # Llama-3-8B gate/up, batch 4
     assert [awq_ops.choose_path(m, (9, 0), True, 4096 * 6144) for m in (2, 3, 4)] == ["gemv_tc", "wgmma", "wgmma"]
     assert [awq_ops.choose_path(m, (9, 0), True, 4096 * 4096) for m in (2, 3, 4)] == ["gemv", "wgmma", "wgmma"]
-    assert [awq_ops.choose_path(m, (9, 0), True, 14336 * 4096) for m in (1, 4, 5)] == ["gemv", "gemv_tc", "wgmma"]
+    assert [awq_ops.choose_path(m, (9, 0), True, 14336 * 4096) for m in (1, 4, 5)] == ["gemv_tc", "gemv_tc", "wgmma"]
     assert awq_ops.choose_path(4, (9, 0), False, 4096 * 28672) == "gemv"
     assert awq_ops.choose_path(64, (9, 0), True, 4096 * 28672) == "wgmma"
     assert awq_ops.choose_path(16, (9, 0), True, 4096 * 4096) == "wgmma"   # o_proj at batch 16
@@ -281,7 +302,7 @@ def test_wgmma_one_cta_rule() -> None:
 
 
 def test_awq_tensor_core_gemv_rules() -> None:
-    """H200: the tensor-core GEMV takes M = 1..8 on layers above 70 M weights, M = 2..4 above 40 M,
+    """H200: the tensor-core GEMV takes M = 1..8 on layers above 70 M weights, M = 1..4 above 40 M,
     M = 2 above 20 M, none above 12 M and M = 4 above 4 M, before the wgmma rules; nowhere without
     the Hopper kernels or on tiny layers."""
     from kbit_vllm.backends.cuda import awq_ops
@@ -290,7 +311,7 @@ def test_awq_tensor_core_gemv_rules() -> None:
     assert [awq_ops.choose_path(m, (9, 0), True, gate_up) for m in (1, 2, 8, 9)] == [
         "gemv_tc", "gemv_tc", "gemv_tc", "wgmma"]
     assert [awq_ops.choose_path(m, (9, 0), True, down) for m in (1, 2, 4, 5)] == [
-        "gemv", "gemv_tc", "gemv_tc", "wgmma"]
+        "gemv_tc", "gemv_tc", "gemv_tc", "wgmma"]
     assert [awq_ops.choose_path(m, (9, 0), True, qkv) for m in (1, 2, 3, 4)] == ["gemv", "gemv_tc", "wgmma", "wgmma"]
     assert [awq_ops.choose_path(m, (9, 0), True, small) for m in (2, 3, 4)] == ["gemv", "gemv", "gemv_tc"]
     assert all(awq_ops.choose_path(m, (9, 0), True, kv) != "gemv_tc" for m in range(1, 65))

@@ -116,9 +116,13 @@ def _dense(wq: torch.Tensor, sz: torch.Tensor, group_size: int, out_f: int, dtyp
 # 23.9 / 24.2 (wgmma); M = 3..4 on 12-40 M layers the wgmma kernel wins (4096x6144 M=4 12.1 / 11.1,
 # 4096x4096 10.3 / 9.5, 4096x8192 14.4 / 12.6; at 48 M, 4096x12288, 16.2 / 16.7), so there the tensor-
 # core GEMV keeps M=2 only (4096x6144 10.7 / 10.9) and 12-20 M layers none (an empty row range,
-# so that those layers do not fall through to the 4 M rule).
+# so that those layers do not fall through to the 4 M rule). Session 39, after the tensor-core GEMV's
+# ring went from 4 slots to 2 and the stream-K GEMV's pipeline from 3 stages to 2 (fp16 behind a
+# writer, gemv_tc / the best other at M=1): 14336x4096 (59 M) 14.8 / 15.1 (warp), 4096x12288 (50 M)
+# 13.3 / 14.8, 8192x8192 16.2 / 17.3, 4096x16384 16.3 / 17.4, but 4096x8192 (34 M) 10.8 / 10.8 and
+# 8192x4096 11.1 / 9.7 (warp): M=1 takes it from 40 M.
 TC_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((70 << 20, 1, 8), (40 << 20, 2, 4), (20 << 20, 2, 2), (12 << 20, 1, 0), (4 << 20, 4, 4)),
+    (9, 0): ((70 << 20, 1, 8), (40 << 20, 1, 4), (20 << 20, 2, 2), (12 << 20, 1, 0), (4 << 20, 4, 4)),
 }
 
 
