@@ -59,6 +59,28 @@ def stream_k_grid(wave: int, units: int, warps_per_cta: int, min_units_per_warp:
     return wave
 
 
+
+# The kbit stream-K GEMV at M=1 (k <= 4, three CTAs of 8 warps an SM) runs two CTAs an SM where the
+# full wave would give its warps fewer than SK_M1_FULL_WAVE_FROM units each: fewer, longer ranges
+# (fewer partial tiles, reductions and prologues a unit) beat the third CTA's extra loads in flight
+# there. H200 session 39, behind a writer, k=4 µs full wave / two an SM (units a warp of the full
+# wave), bf16: 4096x5120 (1.6) 9.3 / 8.3, 4096x6144 (1.9) 10.1 / 8.9, 4096x8192 (2.6) 10.8 / 10.0,
+# 8192x4096 (2.6) 10.9 / 9.7, 14336x4096 (4.5) 13.7 / 13.2, 4096x14336 (4.5) 13.6 / 12.8, 8192x8192
+# (5.2) 15.0 / 14.2, 4096x20480 (6.5) 16.9 / 16.7, 4096x28672 (9.1) 23.1 / 23.6; fp16 the same to
+# within 0.4 but 4096x20480 17.6 / 16.9 and 4096x28672 22.8 / 23.6. Whether the stream-K GEMV runs
+# at all (SK_MIN_UNITS in ops.py) is still decided on the full wave: 4096x4096 (1.3) gets 7.1 at two
+# an SM, the cluster GEMV 6.7.
+SK_M1_FULL_WAVE_FROM = 6.0
+
+
+def stream_k_m1_ctas(grid: int, sms: int, units: int, warps_per_cta: int) -> int:
+    """The M=1 kbit stream-K grid (k <= 4): two CTAs an SM instead of grid (a wave of three) where
+    the wave gives fewer than SK_M1_FULL_WAVE_FROM units a warp; grid itself otherwise (or when it
+    is already two an SM or fewer, or 0)."""
+    if grid > 2 * sms and units < grid * warps_per_cta * SK_M1_FULL_WAVE_FROM:
+        return 2 * sms
+    return grid
+
 # The MMA kernel variant the "mma" path runs from MMA_VARIANT_MIN_M rows (csrc/kbit_mma.cu MmaVar;
 # its 32-row tile wins even at M=5: 4096x28672 54.4 / 49.3, 14336x4096 29.2 / 28.7, 4096x6144
 # 17.5 / 16.8 µs default / v2). H200 2026-11-21 session 4, k=4 fp16, µs default / v2

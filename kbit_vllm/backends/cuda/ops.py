@@ -282,17 +282,21 @@ SK_MIN_UNITS_K5: dict[int, float] = {1: 0.0, 2: 2.5, 3: 10.0}
 
 def gemv_sk_ctas(dev: torch.device, sfx: str, k: int, m: int, out_features: int, nb: int,
                  forced: bool = False) -> int:
-    """One wave of the stream-K GEMV (resident CTAs per SM x SMs); 0 where the cluster GEMV is
-    faster (fewer than SK_MIN_UNITS[m] units per warp of the wave; k = 5: SK_MIN_UNITS_K5) or there
-    is no kernel for k."""
+    """One wave of the stream-K GEMV (resident CTAs per SM x SMs; at M=1, k <= 4, two CTAs an SM on
+    layers with few units, dispatch.stream_k_m1_ctas); 0 where the cluster GEMV is faster (fewer than
+    SK_MIN_UNITS[m] units per warp of the wave; k = 5: SK_MIN_UNITS_K5) or there is no kernel for k."""
     warps = gemv_sk_warps(k)
     if warps == 0:
         return 0
     key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, m, sfx)
     if key not in _SK_OCC:
         _SK_OCC[key] = int(getattr(LIB, f"kbit_vllm_gemv_sk_ctas_per_sm_{sfx}")(_i(k), _i(m)))
-    return dispatch.stream_k_grid(_SK_OCC[key] * _sms(dev), ((out_features + 127) // 128) * nb, warps,
+    units = ((out_features + 127) // 128) * nb
+    grid = dispatch.stream_k_grid(_SK_OCC[key] * _sms(dev), units, warps,
                                   (SK_MIN_UNITS_K5 if k == 5 else SK_MIN_UNITS).get(m), forced)
+    if m == 1 and k <= 4:
+        grid = dispatch.stream_k_m1_ctas(grid, _sms(dev), units, warps)
+    return grid
 
 
 # Tensor-core GEMV (csrc/kbit_gemv_tc.cu, Hopper, k <= 5): a work unit is one (128-feature layout
