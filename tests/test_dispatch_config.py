@@ -63,29 +63,34 @@ def test_kbit_gemv_rows_by_bits() -> None:
 
 
 def test_kbit_tensor_core_gemv_rows() -> None:
-    """H200: the tensor-core GEMV takes M = 3..8 on the largest layers, fewer rows on smaller ones (M=3
-    above 18 M weights, M=4 of k=4 only above 40 M), never M = 1 or 2 (the stream-K GEMV, x staged
-    per warp, where a layer has enough units; else the cluster GEMV), nor k=4's M=3 on layers of
-    22-165 M weights (the stream-K GEMV stages x there too), or where the Hopper kernels cannot run
-    (wgmma=False); k = 5 has its own rows and none of them (test_kbit5_hopper_rules)."""
+    """H200: the tensor-core GEMV takes M = 3..8 on the largest layers, fewer rows on smaller ones (k=4:
+    M = 3..5 on layers of 22-100 M weights, M=3 above 18 M; k = 2, 3: M = 3..8 above 40 M, 3..5 above
+    30 M, 3..4 above 18 M), never M = 1 or 2 (the stream-K GEMV, x staged per warp, where a layer has
+    enough units; else the cluster GEMV), nor k=4's M=3 on layers of 100-165 M weights (the stream-K
+    GEMV stages x there), or where the Hopper kernels cannot run (wgmma=False); k = 5 has its own rows
+    and none of them (test_kbit5_hopper_rules)."""
     big, down, mid, small, tiny = 4096 * 28672, 14336 * 4096, 4096 * 6144, 2048 * 5120, 2048 * 512
     wide = 4096 * 7168
     assert [dispatch.choose_path(m, (9, 0), big, 4, wgmma=True) for m in (1, 2, 3, 4, 8, 9)] == [
         "gemv", "gemv", "gemv", "gemv_tc", "gemv_tc", "wgmma"]
     assert [dispatch.choose_path(m, (9, 0), big, 2, wgmma=True) for m in (2, 3)] == ["gemv", "gemv_tc"]
     assert [dispatch.choose_path(m, (9, 0), 8192 * 28672, 4, wgmma=True) for m in (2, 3)] == ["gemv", "gemv_tc"]
-    assert [dispatch.choose_path(m, (9, 0), down, 4, wgmma=True) for m in (2, 3, 4, 5)] == [
-        "gemv", "gemv", "gemv_tc", "mma"]
-    assert [dispatch.choose_path(m, (9, 0), wide, 4, wgmma=True) for m in (1, 2, 3, 4, 5)] == [
-        "gemv", "gemv", "gemv", "mma", "mma"]  # k=4: M=4 of an 18-40 M layer on the MMA
-    assert [dispatch.choose_path(m, (9, 0), wide, 2, wgmma=True) for m in (2, 3, 4, 5)] == [
+    assert [dispatch.choose_path(m, (9, 0), down, 4, wgmma=True) for m in (2, 3, 4, 5, 6)] == [
+        "gemv", "gemv_tc", "gemv_tc", "gemv_tc", "mma"]
+    assert [dispatch.choose_path(m, (9, 0), down, 2, wgmma=True) for m in (2, 3, 8, 9)] == [
         "gemv", "gemv_tc", "gemv_tc", "mma"]
-    assert dispatch.choose_path(4, (9, 0), mid, 4, wgmma=True) == "mma"
+    assert [dispatch.choose_path(m, (9, 0), wide, 4, wgmma=True) for m in (1, 2, 3, 4, 5, 6)] == [
+        "gemv", "gemv", "gemv_tc", "gemv_tc", "gemv_tc", "mma"]
+    assert [dispatch.choose_path(m, (9, 0), wide, 2, wgmma=True) for m in (2, 3, 4, 5)] == [
+        "gemv", "gemv_tc", "gemv_tc", "mma"]  # k = 2: M=5 only from 30 M weights
+    assert [dispatch.choose_path(m, (9, 0), 4096 * 8192, 2, wgmma=True) for m in (5, 6)] == ["gemv_tc", "mma"]
+    assert dispatch.choose_path(4, (9, 0), mid, 4, wgmma=True) == "gemv_tc"
     assert [dispatch.choose_path(m, (9, 0), mid, 3, wgmma=True) for m in (2, 3, 4, 5, 9)] == [
         "gemv", "gemv_tc", "gemv_tc", "mma", "wgmma"]
     assert dispatch.choose_path(3, (9, 0), 4096 * 5120, 4, wgmma=True) == "gemv_tc"
+    assert dispatch.choose_path(4, (9, 0), 4096 * 5120, 4, wgmma=True) == "mma"  # 18-22 M: M=3 only
     assert dispatch.choose_path(3, (9, 0), 4096 * 5632, 4, wgmma=True) == "gemv_tc"
-    assert dispatch.choose_path(3, (9, 0), mid, 4, wgmma=True) == "gemv"
+    assert dispatch.choose_path(3, (9, 0), mid, 4, wgmma=True) == "gemv_tc"
     assert dispatch.choose_path(3, (9, 0), 4096 * 4096, 4, wgmma=True) == "gemv"
     assert [dispatch.choose_path(m, (9, 0), small, 2, wgmma=True) for m in (2, 3)] == ["gemv", "gemv"]
     assert dispatch.choose_path(2, (9, 0), tiny, 4, wgmma=True) == "gemv"

@@ -243,8 +243,12 @@ def wgmma_even_grid(units: int, stages: int, ctas: int) -> int:
 # µs stream-K / tensor-core GEMV, k=4 bf16 (fp16): 4096x28672 23.8 / 29.9 (23.9 / 30.1), 14336x4096
 # 16.6 / 18.8 (15.8 / 18.9), 4096x7168 11.6 / 13.5 (11.6 / 13.5); k=2 bf16 21.7 / 25.8, 15.3 / 16.6,
 # 10.8 / 11.7.
+# Session 39: the tensor-core GEMV's ring went from 4 slots to 2 (1-2 µs faster at every M), so it
+# takes M = 5..8 above 40 M weights and M=5 above 30 M. Behind a writer, k=2 bf16, µs gemv_tc / the
+# op before: M=5 14336x4096 17.4 / 18.8, 8192x8192 18.5 / 21.3, 4096x8192 (34 M) 13.1 / 14.4, but
+# 4096x6144 (25 M) 12.4 / 11.8 (MMA); M=8 8192x8192 19.9 / 21.3, 14336x4096 18.9 / 19.0.
 TC_ROWS: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((100 << 20, 3, 8), (18 << 20, 3, 4)),
+    (9, 0): ((40 << 20, 3, 8), (30 << 20, 3, 5), (18 << 20, 3, 4)),
 }
 # k = 4 stops at M=3 on 18-40 M layers. Session 37 (behind a writer, gemv_tc / the faster of MMA and
 # wgmma, M=4, fp16 x; bf16 within 0.3): 4096x6144 14.1 / 12.9, 8192x3072 13.7 / 12.6, 4096x5120
@@ -260,8 +264,14 @@ TC_ROWS: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
 # 51.3. At M=4 (staged) it loses to the tensor-core GEMV or the MMA on all of them but 4096x28672
 # fp16 (30.4 / 31.1), and at k = 2, 3 it wins only on some layers by up to 1 µs (k=2 14336x4096 M=3
 # 19.2 / 17.1), so those keep their rows. A rule whose first row is past its last takes none.
+# Session 39, the tensor-core GEMV's ring at 2 slots (above), k=4 bf16 behind a writer, µs gemv_tc /
+# the op before: M=3 14336x4096 17.3 / 18.3 (but 8192x8192 19.0 / 18.6), 4096x8192 12.8 / 13.8,
+# 4096x6144 11.8 / 12.2; M=4 4096x8192 13.2 / 15.2, 4096x6144 12.4 / 12.9; M=5 14336x4096 19.3 /
+# 21.0, 8192x8192 20.3 / 23.7, 4096x8192 13.6 / 15.2, 4096x6144 12.9 / 12.9; M=8 14336x4096 22.0 /
+# 20.9 (wgmma) and 4096x6144 13.7 / 13.1 keep theirs; 4096x28672 M=3 stays on the stream-K GEMV
+# (26.3 / 28.7). So M = 3..5 from 22 M weights (M=3 from 40 M on to 100 M).
 TC_ROWS_K4: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((165 << 20, 3, 8), (100 << 20, 4, 8), (40 << 20, 4, 4), (22 << 20, 4, 3), (18 << 20, 3, 3)),
+    (9, 0): ((165 << 20, 3, 8), (100 << 20, 4, 8), (22 << 20, 3, 5), (18 << 20, 3, 3)),
 }
 
 
