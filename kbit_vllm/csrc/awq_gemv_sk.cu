@@ -37,8 +37,8 @@ constexpr int kUnitQuads = 32 * kSkQuads;     // quads (4 inputs of 8 outputs) p
 constexpr int kUnitInputs = 4 * kUnitQuads;   // 512: a multiple of every group size
 constexpr int kUnitGroups = kUnitInputs / 32; // groups per unit at most (group 32)
 // Units per warp in the pipeline: one in flight while one is summed. H200 session 39, behind a
-// writer, µs with 3 / 2 stages: fp16 M=1 4096x28672 27.2 / 26.8, 14336x4096 17.8 / 16.7, 4096x4096
-// 9.5 / 8.0, M=2 4096x28672 32.7 / 31.4; bf16 M=1 14336x4096 19.3 / 17.9, 4096x4096 9.9 / 8.3.
+// writer, µs with 3 / 2 stages: fp16 M=1 4096x28672 27.2 / 26.8, 14336x4096 17.7 / 16.7, 4096x4096
+// 9.4 / 8.1, M=2 4096x28672 32.7 / 31.4; bf16 M=1 14336x4096 19.3 / 17.9, 4096x4096 9.9 / 8.3.
 constexpr int kStages = 2;
 constexpr int kStageW = kUnitQuads * 16;      // bytes of weights per stage
 constexpr int kStageBytes = kStageW + kUnitGroups * 32;

@@ -40,7 +40,7 @@ constexpr int kTcCols = 64;                  // outputs per tile
 constexpr int kTcBK = 64;                    // inputs per unit (two 32-input segments)
 // Ring slots per warp: one unit in flight while one is summed. Deeper rings lost: H200 session 39,
 // behind a writer, µs with 4 / 2 slots (8 warps a CTA, two CTAs an SM): fp16 M=1 4096x28672 26.1 /
-// 24.6, 14336x4096 16.6 / 14.9, M=8 29.1 / 27.8; bf16 M=1 28.6 / 26.9, 17.6 / 16.0; 3 slots in
+// 24.9, 14336x4096 16.6 / 14.9, M=8 29.1 / 28.0; bf16 M=1 28.6 / 27.4, 17.6 / 15.9; 3 slots in
 // between, and a 4-slot ring filled one unit at a time from the start, 10 or 12 warps a CTA and one
 // slot all slower (benchmarks/RESULTS.md).
 constexpr int kTcStages = 2;

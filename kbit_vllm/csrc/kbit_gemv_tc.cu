@@ -44,7 +44,7 @@ constexpr int kTcWarps = 16;  // one CTA per SM: the 64 KB wide table is built o
 constexpr int kTcThreads = kTcWarps * 32;
 // Ring slots per warp: one unit in flight while one is summed. H200 session 39, bf16 behind a
 // writer, µs with 4 / 2 slots: k=4 M=1 4096x28672 29.4 / 27.2, 14336x4096 18.6 / 16.7, 4096x6144
-// 11.6 / 9.9; M=4 31.7 / 29.6, 20.2 / 18.1, 14.1 / 12.4; M=8 35.0 / 32.8, 24.3 / 20.7, 16.2 / 14.2;
+// 11.5 / 9.9; M=4 31.7 / 29.6, 20.2 / 18.1, 14.1 / 12.4; M=8 34.9 / 32.8, 24.3 / 20.7, 16.1 / 14.2;
 // k=2 0.5-1.5 faster too; 3 slots in between (benchmarks/RESULTS.md). As in awq_gemv_tc.cu.
 constexpr int kTcStages = 2;
 

@@ -65,7 +65,7 @@ def stream_k_grid(wave: int, units: int, warps_per_cta: int, min_units_per_warp:
 # (fewer partial tiles, reductions and prologues a unit) beat the third CTA's extra loads in flight
 # there. H200 session 39, behind a writer, k=4 µs full wave / two an SM (units a warp of the full
 # wave), bf16: 4096x5120 (1.6) 9.3 / 8.3, 4096x6144 (1.9) 10.1 / 8.9, 4096x8192 (2.6) 10.8 / 10.0,
-# 8192x4096 (2.6) 10.9 / 9.7, 14336x4096 (4.5) 13.7 / 13.2, 4096x14336 (4.5) 13.6 / 12.8, 8192x8192
+# 8192x4096 (2.6) 10.8 / 9.7, 14336x4096 (4.5) 13.7 / 13.2, 4096x14336 (4.5) 13.5 / 12.8, 8192x8192
 # (5.2) 15.0 / 14.2, 4096x20480 (6.5) 16.9 / 16.7, 4096x28672 (9.1) 23.1 / 23.6; fp16 the same to
 # within 0.4 but 4096x20480 17.6 / 16.9 and 4096x28672 22.8 / 23.6. Whether the stream-K GEMV runs
 # at all (SK_MIN_UNITS in ops.py) is still decided on the full wave: 4096x4096 (1.3) gets 7.1 at two
