@@ -41,8 +41,8 @@ constexpr int kTcBK = 64;                    // inputs per unit (two 32-input se
 // Ring slots per warp: one unit in flight while one is summed. Deeper rings lost: H200 session 39,
 // behind a writer, µs with 4 / 2 slots (8 warps a CTA, two CTAs an SM): fp16 M=1 4096x28672 26.1 /
 // 24.9, 14336x4096 16.6 / 14.9, M=8 29.1 / 28.0; bf16 M=1 28.6 / 27.4, 17.6 / 15.9; 3 slots in
-// between, and a 4-slot ring filled one unit at a time from the start, 10 or 12 warps a CTA and one
-// slot all slower (benchmarks/RESULTS.md).
+// between; a 4-slot ring filled one unit at a time from the start, 10 or 12 warps a CTA and (on the
+// large layers) one slot all slower (benchmarks/RESULTS.md).
 constexpr int kTcStages = 2;
 constexpr int kTcWBox = (kTcCols / 8) * 128;  // one segment's weights: 8 column groups x 32 words
 constexpr int kTcSBox = kTcCols * 4;          // one segment's scale / bias pair words

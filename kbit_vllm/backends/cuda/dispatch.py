@@ -59,7 +59,6 @@ def stream_k_grid(wave: int, units: int, warps_per_cta: int, min_units_per_warp:
     return wave
 
 
-
 # The kbit stream-K GEMV at M=1 (k <= 4, three CTAs of 8 warps an SM) runs two CTAs an SM where the
 # full wave would give its warps fewer than SK_M1_FULL_WAVE_FROM units each: fewer, longer ranges
 # (fewer partial tiles, reductions and prologues a unit) beat the third CTA's extra loads in flight
@@ -80,6 +79,7 @@ def stream_k_m1_ctas(grid: int, sms: int, units: int, warps_per_cta: int) -> int
     if grid > 2 * sms and units < grid * warps_per_cta * SK_M1_FULL_WAVE_FROM:
         return 2 * sms
     return grid
+
 
 # The MMA kernel variant the "mma" path runs from MMA_VARIANT_MIN_M rows (csrc/kbit_mma.cu MmaVar;
 # its 32-row tile wins even at M=5: 4096x28672 54.4 / 49.3, 14336x4096 29.2 / 28.7, 4096x6144
@@ -250,10 +250,11 @@ def wgmma_even_grid(units: int, stages: int, ctas: int) -> int:
 TC_ROWS: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
     (9, 0): ((40 << 20, 3, 8), (30 << 20, 3, 5), (18 << 20, 3, 4)),
 }
-# k = 4 stops at M=3 on 18-40 M layers. Session 37 (behind a writer, gemv_tc / the faster of MMA and
-# wgmma, M=4, fp16 x; bf16 within 0.3): 4096x6144 14.1 / 12.9, 8192x3072 13.7 / 12.6, 4096x5120
-# 12.5 / 12.2, 4096x7168 15.2 / 14.5, 4096x5632 13.2 / 12.8, 2048x12288 13.6 / 13.6; k=2 keeps it
-# (4096x5120 11.3 / 11.5, 2048x12288 11.9 / 12.7, against 4096x6144 12.8 / 12.2).
+# k = 4 (its current rows: session 39, at the end). Session 37 kept M=4 off 18-40 M layers (behind
+# a writer, gemv_tc / the faster of MMA and wgmma, M=4, fp16 x; bf16 within 0.3): 4096x6144 14.1 /
+# 12.9, 8192x3072 13.7 / 12.6, 4096x5120 12.5 / 12.2, 4096x7168 15.2 / 14.5, 4096x5632 13.2 / 12.8,
+# 2048x12288 13.6 / 13.6; k=2 kept it (4096x5120 11.3 / 11.5, 2048x12288 11.9 / 12.7, against
+# 4096x6144 12.8 / 12.2).
 # Session 38: the stream-K GEMV stages x at M = 3, 4 too, and at k=4 takes M=3 from the tensor-core
 # GEMV on layers above 22 M weights, up to where a warp's units outgrow its staging share (20 units
 # a warp at M=3, 165 M weights on 132 SMs; past it x is read per unit and loses). Behind a writer, µs
@@ -269,7 +270,8 @@ TC_ROWS: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
 # 4096x6144 11.8 / 12.2; M=4 4096x8192 13.2 / 15.2, 4096x6144 12.4 / 12.9; M=5 14336x4096 19.3 /
 # 21.0, 8192x8192 20.3 / 23.7, 4096x8192 13.6 / 15.2, 4096x6144 12.9 / 12.9; M=8 14336x4096 22.0 /
 # 20.9 (wgmma) and 4096x6144 13.7 / 13.1 keep theirs; 4096x28672 M=3 stays on the stream-K GEMV
-# (26.3 / 28.7). So M = 3..5 from 22 M weights (M=3 from 40 M on to 100 M).
+# (26.3 / 28.7). So layers of 22-100 M weights take M = 3..5 (past 100 M, M=3 stays on the stream-K
+# GEMV up to 165 M).
 TC_ROWS_K4: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
     (9, 0): ((165 << 20, 3, 8), (100 << 20, 4, 8), (22 << 20, 3, 5), (18 << 20, 3, 3)),
 }
