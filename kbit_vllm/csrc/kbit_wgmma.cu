@@ -63,13 +63,13 @@ namespace kbit {
 namespace {
 
 template <typename T, int K, int R, int C5>
-__global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
+__global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5, true>::kOneCta ? 1 : 2)
     wgmma_sk_kernel(const __grid_constant__ CUtensorMap tm_x, const uint32_t* __restrict__ packed_t,
                     const uint8_t* __restrict__ absmax_t, const float* __restrict__ codebook,
                     const T* __restrict__ bias, T* __restrict__ y, int M, int N, int nb, float* __restrict__ ws,
                     int* __restrict__ counters) {
 #if defined(KBIT_WGMMA)
-    using S = WgCfg<K, R, C5>;
+    using S = WgCfg<K, R, C5, true>;
     constexpr int kWgRows = R, kWgSlots = S::kSlots, kWgAhead = S::kAhead;
     constexpr int kJ = R / 8;  // 8-row accumulator groups
     constexpr int MT = S::kMT, TW = S::kTW;  // m64 tiles per warpgroup, layout tiles per row tile
@@ -234,7 +234,7 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
 
 template <typename T, int K, int R, int C5>
 const void* wgmma_kernel_ptr(int* smem) {
-    *smem = WgCfg<K, R, C5>::kBytes;
+    *smem = WgCfg<K, R, C5, true>::kBytes;
     return reinterpret_cast<const void*>(wgmma_sk_kernel<T, K, R, C5>);
 }
 

@@ -37,8 +37,9 @@ constexpr int kWgOneCtaBytes = 227 * 1024;  // the most shared memory one CTA ma
 // rows; 128 past 64 rows, dense and grouped, one decode for twice the rows, one CTA per SM: its
 // 128 accumulators a thread leave no registers for a second; 160..384, the dense tall tiles, one CTA
 // per SM) and C5 lane copies in the k = 5 table. Smaller R leaves room for more slots (stages in
-// flight); at R = 384 3 fit.
-template <int K, int R, int C5 = kLut5Copies>
+// flight); at R = 384 3 fit. kDense: the dense kernel (kbit_wgmma.cu), whose k <= 4 rings are
+// shallower below 128 rows (kSlotsCap); the grouped kernel keeps the deeper ones.
+template <int K, int R, int C5 = kLut5Copies, bool kDense = false>
 struct WgCfg {
     static constexpr int kMT = kw_mt(R);                             // m64 tiles per warpgroup
     static constexpr int kNT = kw_nt(R);                             // row halves (wgmmas per m64 tile)
@@ -61,8 +62,12 @@ struct WgCfg {
     // most k <= 4's count (8 copies: R = 64: 4, 32: 5, 16: 6; 32 copies: 4, 6, 6).
     static constexpr int kSmemCap = kOneCta ? kWgOneCtaBytes : kWgTwoCtaBytes;
     static constexpr int kSlotsFit = (kSmemCap - 1024 - kSlotsOff - 6 * 8) / kSlotBytes;
-    // R = 128: 6 slots measured the same as 4 (RESULTS.md, session 29).
-    static constexpr int kSlotsCap = R >= 64 ? 4 : 6;
+    // R = 128: 6 slots measured the same as 4 (RESULTS.md, session 29). The dense kernel at k <= 4
+    // runs 4 slots at R <= 32 and 3 at R = 64: H200 session 39, bf16 k=4 behind a writer, µs with the
+    // deeper / shallower rings, M=16 4096x28672 37.7 / 36.0, 14336x4096 21.6 / 20.6, 4096x6144 13.1 /
+    // 12.2; M=32 42.6 / 41.1, 25.1 / 23.9; M=64 52.0 / 51.1, 31.3 / 30.4, 4096x6144 19.4 / 19.6; 3 slots
+    // at R = 128 lost (4096x28672 M=128 72.9 / 74.8, M=256 111.7 / 121.7).
+    static constexpr int kSlotsCap = kDense && K <= 4 && R <= 64 ? (R == 64 ? 3 : 4) : R >= 64 ? 4 : 6;
     static constexpr int kSlots = (K <= 4 && R <= 64) || kSlotsFit > kSlotsCap ? kSlotsCap : kSlotsFit;
     static constexpr int kAhead = kSlots - 2;  // stages loaded ahead: the wgmmas read x until 2 stages later
     static constexpr int kBarOff = kSlotsOff + kSlots * kSlotBytes;  // one mbarrier per slot
