@@ -319,6 +319,30 @@ def test_gemv_sk_staged_x(k, dtype, m, in_f, out_f):
             _check_linear(y[r : r + 1], x[r : r + 1], w64, b, dtype)
 
 
+@pytest.mark.parametrize("k", (2, 4))
+def test_gemv_sk_m1_grid(k):
+    """At M=1 (k <= 4) the op's stream-K GEMV runs two CTAs an SM on a layer where a full wave of
+    three would give each warp fewer than dispatch.SK_M1_FULL_WAVE_FROM units (Llama-3-8B's qkv), and
+    the full wave on one with more (22400 units: >= 6 a warp up to 155 SMs); both grids match the
+    reference (bf16 x, staged per warp)."""
+    dev = torch.device(DEV)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    small, big = (4096, 6144), (2048, 44800)  # (in, out): 6144 and 22400 (tile, block) units
+    wave = cuda_ops.gemv_sk_ctas(dev, "bf16", k, 1, big[1], big[0] // 32)
+    if wave <= 2 * sms:
+        pytest.skip("the M=1 stream-K GEMV runs two CTAs an SM or fewer on this GPU: no smaller grid")
+    assert wave == 3 * sms
+    assert cuda_ops.gemv_sk_ctas(dev, "bf16", k, 1, small[1], small[0] // 32) == 2 * sms
+    for in_f, out_f in (small, big):
+        packed, absmax, cb = _weights(out_f, in_f, k)
+        pt, at = ops.kbit_repack(packed, absmax, k)
+        w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64)
+        x = torch.randn(1, in_f, device=DEV).to(torch.bfloat16)
+        poison_allocator(out_f * 2)
+        _check_linear(ops.kbit_linear(x, pt, at, cb, None, k, out_f), x, w64, None, torch.bfloat16)
+        del w64
+
+
 @pytest.mark.parametrize("k", (2, 3, 4))
 @pytest.mark.parametrize("in_f,out_f", ((2048, 1000), (16384, 96), (4096, 4096)))
 def test_bf16_table_gemv_blocks_of_mixed_magnitude(k, in_f, out_f):
