@@ -44,14 +44,15 @@
 //   stage's x rows (R rows x 64 inputs, 128-byte swizzle, read by the wgmmas through a swizzled
 //   K-major descriptor; rows past M and inputs past the layer read as zeros). The pair table is the
 //   compact one (one 128-byte row of 32 lane copies per pair code, 32 KB); with it, 4 slots of x +
-//   weights + absmax take 102 KB at k=4 and R = 64 (6 slots at R <= 32): 2 CTAs per SM (128
-//   registers at R = 64). (cp.async from every thread, with x in a 64 KB table's spare halves, was
+//   weights + absmax take 102 KB at k=4 and R = 64: 2 CTAs per SM (128 registers at R = 64). Since
+//   session 39 k <= 4 runs 3 slots at R = 64 and 4 at R <= 32 (was 4 and 6; faster, WgCfg). (cp.async from every thread, with x in a 64 KB table's spare halves, was
 //   the limiter: RESULTS.md, session 9.) k = 5 looks its 10-bit pair codes up in a table of 32 lane
 //   copies per code (128 KB, kbit_lut5.cuh: one bank per lane, as k <= 4) and runs one CTA per SM
 //   with 4 / 6 / 6 slots at R = 64 / 32 / 16; the 8-copy table (32 KB, 2-3 wavefronts per lookup)
 //   at two CTAs per SM was slower on every Llama layer and M = 16..128 (RESULTS.md, session 28).
-// * Stages are loaded 2 ahead of the one decoded: a slot is refilled only after every warp
-//   decoded it and waited for its wgmmas (a block barrier sits between). Each k16 half's 2 wgmmas
+// * Stages are loaded slots - 2 ahead of the one decoded (WgCfg::kAhead: 1 at k <= 4 and R = 64,
+//   else 2 or more): a slot is refilled only after every warp decoded it and waited for its
+//   wgmmas (a block barrier sits between). Each k16 half's 2 wgmmas
 //   (both m64 tiles) are one commit group with their own A registers; before decoding a half a
 //   warp waits until at most one group (the other half's) is pending, so the tensor cores run one
 //   half while the warp decodes the next.
