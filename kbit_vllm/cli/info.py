@@ -38,8 +38,8 @@ def m_ranges(choose: Callable[[int], str], names: dict[str, str]) -> list[str]:
 
 
 KBIT_NAMES = {"gemv": "GEMV (shared-memory codebook decode, split-K)",
-              "gemv_tc": "Hopper tensor-core GEMV (M = 3..8 above 100 M weights, fewer rows on smaller "
-                         "layers; dispatch.TC_ROWS, TC_ROWS_K4)",
+              "gemv_tc": "Hopper tensor-core GEMV (up to M = 3..8 on large layers, fewer rows on smaller "
+                         "ones; dispatch.TC_ROWS, TC_ROWS_K4)",
               "mma": "tensor-core MMA (split-K)",
               "wgmma": "Hopper wgmma (row ranges by layer size: dispatch.WGMMA_RULES, WGMMA_SMALL_ROWS)",
               "dequant": "dequantize to a buffer + cuBLAS"}

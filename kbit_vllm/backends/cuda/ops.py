@@ -291,12 +291,10 @@ def gemv_sk_ctas(dev: torch.device, sfx: str, k: int, m: int, out_features: int,
     key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, m, sfx)
     if key not in _SK_OCC:
         _SK_OCC[key] = int(getattr(LIB, f"kbit_vllm_gemv_sk_ctas_per_sm_{sfx}")(_i(k), _i(m)))
-    units = ((out_features + 127) // 128) * nb
-    grid = dispatch.stream_k_grid(_SK_OCC[key] * _sms(dev), units, warps,
+    units, sms = ((out_features + 127) // 128) * nb, _sms(dev)
+    grid = dispatch.stream_k_grid(_SK_OCC[key] * sms, units, warps,
                                   (SK_MIN_UNITS_K5 if k == 5 else SK_MIN_UNITS).get(m), forced)
-    if m == 1 and k <= 4:
-        grid = dispatch.stream_k_m1_ctas(grid, _sms(dev), units, warps)
-    return grid
+    return dispatch.stream_k_m1_ctas(grid, sms, units, warps) if m == 1 and k <= 4 else grid
 
 
 # Tensor-core GEMV (csrc/kbit_gemv_tc.cu, Hopper, k <= 5): a work unit is one (128-feature layout
