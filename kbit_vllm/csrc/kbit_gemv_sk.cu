@@ -159,9 +159,12 @@ __global__ void __launch_bounds__(SkCfg<K>::kThreads, K == 5 ? 1 : M == 1 ? 3 : 
     const float cbl = lane_codebook<K>(codebook, lane);
     uint4 p[K], p1[K];  // units u and (kAhead = 2) u + 1
     uint32_t a, a1 = 0;
-    if constexpr (!XS) {
+    auto load_first_units = [&] {  // the loop's first kAhead units into p (and p1)
         sk_load<K>(packed_t, absmax_t, u0, lane, p, a);
         if (kAhead == 2 && u0 + 1 < u1) sk_load<K>(packed_t, absmax_t, u0 + 1, lane, p1, a1);
+    };
+    if constexpr (!XS) {
+        load_first_units();
         sk_build_table<K>(tbl, cbl, C::kThreads);
     }
     pdl_wait();
@@ -211,8 +214,7 @@ __global__ void __launch_bounds__(SkCfg<K>::kThreads, K == 5 ? 1 : M == 1 ? 3 : 
         // The first unit's weights only once x is in: requested earlier, the 396 CTAs' first units
         // (6.5 MB on 4096x28672) sit in the memory queues ahead of the slower warps' x (per-warp
         // timestamps, H200 session 22).
-        sk_load<K>(packed_t, absmax_t, u0, lane, p, a);
-        if (kAhead == 2 && u0 + 1 < u1) sk_load<K>(packed_t, absmax_t, u0 + 1, lane, p1, a1);
+        load_first_units();
 #pragma unroll
         for (int m = 0; m < M; ++m) {
             x_pow2_scale(warp_max(mx[m]), xscale[m], xinv[m]);
