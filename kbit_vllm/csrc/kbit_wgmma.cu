@@ -43,14 +43,16 @@
 //   its absmax bytes (a stage's blocks are contiguous in the tiled layout) and a TMA box of the
 //   stage's x rows (R rows x 64 inputs, 128-byte swizzle, read by the wgmmas through a swizzled
 //   K-major descriptor; rows past M and inputs past the layer read as zeros). The pair table is the
-//   compact one (one 128-byte row of 32 lane copies per pair code, 32 KB); with it, 4 slots of x +
-//   weights + absmax take 102 KB at k=4 and R = 64: 2 CTAs per SM (128 registers at R = 64). Since
-//   session 39 k <= 4 runs 3 slots at R = 64 and 4 at R <= 32 (was 4 and 6; faster, WgCfg). (cp.async from every thread, with x in a 64 KB table's spare halves, was
-//   the limiter: RESULTS.md, session 9.) k = 5 looks its 10-bit pair codes up in a table of 32 lane
+//   compact one (one 128-byte row of 32 lane copies per pair code, 32 KB) from R = 64, with 3 slots
+//   of x + weights + absmax beside it at R = 64, 2 CTAs per SM (128 registers); at R <= 32 it is the
+//   64 KB table of 256-byte rows, whose lookup offset is one byte permute, with 4 slots at R = 16
+//   and 3 at R = 32 (WgCfg has the measurements; before session 39 R = 64 ran 4 slots, R <= 32 6).
+//   (cp.async from every thread, with x in a 64 KB table's spare halves, was the limiter:
+//   RESULTS.md, session 9.) k = 5 looks its 10-bit pair codes up in a table of 32 lane
 //   copies per code (128 KB, kbit_lut5.cuh: one bank per lane, as k <= 4) and runs one CTA per SM
 //   with 4 / 6 / 6 slots at R = 64 / 32 / 16; the 8-copy table (32 KB, 2-3 wavefronts per lookup)
 //   at two CTAs per SM was slower on every Llama layer and M = 16..128 (RESULTS.md, session 28).
-// * Stages are loaded slots - 2 ahead of the one decoded (WgCfg::kAhead: 1 at k <= 4 and R = 64,
+// * Stages are loaded slots - 2 ahead of the one decoded (WgCfg::kAhead: 1 at k <= 4 and R = 32, 64,
 //   else 2 or more): a slot is refilled only after every warp decoded it and waited for its
 //   wgmmas (a block barrier sits between). Each k16 half's 2 wgmmas
 //   (both m64 tiles) are one commit group with their own A registers; before decoding a half a
@@ -86,13 +88,13 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5, true>::kOneCta ? 1
     const long long units = static_cast<long long>(n_rt) * m_tiles * nst;
     const int u0 = static_cast<int>(sk_start(cta, units, ctas));
     const int u1 = static_cast<int>(sk_start(cta + 1, units, ctas));
-    // The table, then the slots on 1024-byte boundaries (the swizzle atom of the x boxes).
+    // The tables at the start of shared memory (a constant address, so a lookup adds no base to its
+    // offset: WgCfg::kWide), then the slots on 1024-byte boundaries (the swizzle atom of the x boxes).
     const uint32_t raw_s = ptx::smem_u32(smem_raw);
-    const uint32_t smem_s = (raw_s + 1023u) & ~1023u;
-    unsigned char* smem_wg = smem_raw + (smem_s - raw_s);
-    uint32_t* tbl = reinterpret_cast<uint32_t*>(smem_wg);
-    const unsigned char* stages = smem_wg + S::kSlotsOff;
-    const uint32_t slots_s = smem_s + S::kSlotsOff, bars = smem_s + S::kBarOff;
+    const uint32_t slots_s = (raw_s + S::kLutBytes + 1023u) & ~1023u;
+    uint32_t* tbl = reinterpret_cast<uint32_t*>(smem_raw);
+    const unsigned char* stages = smem_raw + (slots_s - raw_s);
+    const uint32_t bars = slots_s + (S::kBarOff - S::kSlotsOff);
 
     // Stage loads, issued by thread 0 and counted in bytes on the slot's mbarrier: one bulk copy of
     // each layout tile's plane words (the stage's blocks are contiguous in the tiled layout) and one
@@ -124,7 +126,7 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5, true>::kOneCta ? 1
         for (int s = 0; s < kWgAhead && u0 + s < u1; ++s, n.next(nst, m_tiles))
             for (int part = 1; part < S::kLoadParts; ++part) load_part(n, s, part);
     }
-    kw_build_tables<K, T, C5>(tbl, codebook, tid);
+    kw_build_tables<K, T, C5, S::kWide>(tbl, codebook, tid);
     __syncthreads();
     pdl_wait();
     for (int s = 0; s < kWgAhead && u0 + s < u1; ++s, lc.next(nst, m_tiles))
@@ -158,7 +160,7 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5, true>::kOneCta ? 1
             if constexpr (MT == 1)  // the tall tiles
                 kw_stage_blocks<T, K, R, C5>(st, st_s, tbl, L, acc, ab);
             else
-                kw_stage<T, K, R, C5>(st, st_s, tbl, L, acc, a);
+                kw_stage<T, K, R, C5, MT, true>(st, st_s, tbl, L, acc, a);
         }
         ptx::wgmma_wait<0>();
         kw_fence_acc(acc);

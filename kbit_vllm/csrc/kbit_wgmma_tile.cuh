@@ -31,6 +31,11 @@ constexpr int kWgTwoCtaBytes = 113 * 1024;
 // conflicts), else the compact k <= 4 table. The scale-pair table follows it.
 __host__ __device__ constexpr int kw_lut_words(int K, int C5) { return K == 5 ? 1024 * C5 : kWgLutWords; }
 constexpr int kWgOneCtaBytes = 227 * 1024;  // the most shared memory one CTA may take on sm_90
+// Words of the pair table as laid out: kWide (k <= 4) takes the stream-K GEMV's table of 256-byte rows
+// (64 KB, kbit_sk.cuh), whose lookup offset is one byte permute with no shift (WgCfg::kWide).
+__host__ __device__ constexpr int kw_pair_words(int K, int C5, bool kWide) {
+    return kWide && K <= 4 ? kWideLutWords : kw_lut_words(K, C5);
+}
 
 // Shared memory of the kernel for k = K with R x rows per row tile (the wgmma N: 16, 32 or 64; the
 // host picks the smallest that holds M, so a decode batch of 16 runs n16 wgmmas, not n64 on zero
@@ -51,7 +56,15 @@ struct WgCfg {
     static constexpr bool kOneCta = (K == 5 && C5 == 32) || R >= 128;
     static constexpr int kXBytes = kNT * kXHalfBytes;                // x rows of a stage (128-byte swizzled)
     static constexpr int kTileFloats = R * kCols;
-    static constexpr int kLutBytes = kw_lut_words(K, C5) * 4 + 256 * 4;   // pair table + scale table
+    // The dense kernel at k <= 4 and R <= 32 lays out the 64 KB pair table (kw_pair_words): with the table
+    // at the start of shared memory a lookup is one byte permute and a load (the compact table's
+    // offset takes a shift and an add more; 32 of ~340 instructions a stage and warp at R = 16). H200
+    // session 40, bf16 behind a writer, µs compact / wide (R = 32 then runs 3 slots): k=4 M=16
+    // 4096x28672 35.2 / 33.2, 14336x4096 20.7 / 19.4, 4096x6144 12.2 / 11.8; M=32 41.3 / 39.0, 23.9 /
+    // 22.3, 14.8 / 14.8; k=2 M=16 14336x4096 20.8 / 18.3, k=3 21.5 / 18.6. The table does not fit
+    // beside 3 slots at R = 64.
+    static constexpr bool kWide = kDense && K <= 4 && R <= 32;
+    static constexpr int kLutBytes = kw_pair_words(K, C5, kWide) * 4 + 256 * 4;   // pair table + scale table
     static constexpr int kTileWords = kWgBK * K * kTileN;          // plane words of one layout tile per stage
     static constexpr int kBWords = kTW * kTileWords;               // [tile][block][plane][128]
     static constexpr int kAbsBytes = kTW * kWgBK * kTileN;         // [tile][block][128]
@@ -66,10 +79,14 @@ struct WgCfg {
     // runs 4 slots at R <= 32 and 3 at R = 64: H200 session 39, bf16 k=4 behind a writer, µs with the
     // deeper / shallower rings, M=16 4096x28672 37.7 / 36.0, 14336x4096 21.6 / 20.6, 4096x6144 13.1 /
     // 12.2; M=32 42.6 / 41.1, 25.1 / 23.9; M=64 52.0 / 51.1, 31.3 / 30.4, 4096x6144 19.4 / 19.6; 3 slots
-    // at R = 128 lost (4096x28672 M=128 72.9 / 74.8, M=256 111.7 / 121.7).
-    static constexpr int kSlotsCap = kDense && K <= 4 && R <= 64 ? (R == 64 ? 3 : 4) : R >= 64 ? 4 : 6;
+    // at R = 128 lost (4096x28672 M=128 72.9 / 74.8, M=256 111.7 / 121.7). R = 32 with the wide table: 3.
+    static constexpr int kSlotsCap = kDense && K <= 4 && R <= 64 ? (R == 16 ? 4 : 3) : R >= 64 ? 4 : 6;
     static constexpr int kSlots = (K <= 4 && R <= 64) || kSlotsFit > kSlotsCap ? kSlotsCap : kSlotsFit;
     static constexpr int kAhead = kSlots - 2;  // stages loaded ahead: the wgmmas read x until 2 stages later
+    // Both k16 halves' table words looked up before a block's first wgmma wait (kw_stage): at one
+    // CTA per SM 2-6% (RESULTS.md, session 29); the dense kernel at k <= 4 and R = 64 (two CTAs per SM)
+    // 0-2% (session 40: M=64 4096x28672 51.4 / 50.4 µs, 4096x6144 19.8 / 19.3); at R <= 32 0-2% slower.
+    static constexpr bool kEarly = kOneCta || (kDense && K <= 4 && R == 64);
     static constexpr int kBarOff = kSlotsOff + kSlots * kSlotBytes;  // one mbarrier per slot
     static constexpr int kBytes = 1024 + kBarOff + kSlots * 8;      // + alignment to 1024 bytes
     static_assert(kAhead >= 1, "a stage in flight at least");
@@ -101,16 +118,16 @@ struct KwLane {
     }
 };
 
-// The pair table (k <= 4: the compact [256][32] words; k = 5: build_k5_lut) and the scale-pair
+// The pair table (k <= 4: the compact [256][32] words, or kWide the [256][64]; k = 5: build_k5_lut) and the scale-pair
 // table of all 256 absmax bytes, built by the CTA's 256 threads (the caller's barrier publishes them).
-template <int K, typename T, int C5 = kLut5Copies>
+template <int K, typename T, int C5 = kLut5Copies, bool kWide = false>
 __device__ __forceinline__ void kw_build_tables(uint32_t* tbl, const float* __restrict__ codebook, int tid) {
     if constexpr (K == 5)
         build_k5_lut<T, C5>(tbl, lane_codebook<5>(codebook, tid & 31), tid, kWgThreads);
     else
-        build_wide_lut<K, T, kWgLutWords / 256>(tbl, codebook);
+        build_wide_lut<K, T, kw_pair_words(K, C5, kWide) / 256>(tbl, codebook);
     const float sc = decode_e4m4_fast(static_cast<uint32_t>(tid));  // scale pair of absmax byte tid
-    tbl[kw_lut_words(K, C5) + tid] = pack2<T>(sc, sc);
+    tbl[kw_pair_words(K, C5, kWide) + tid] = pack2<T>(sc, sc);
 }
 
 // acc[m64 tile x row half][fragment]: every accumulator a thread.
@@ -150,7 +167,7 @@ __device__ __forceinline__ void kw_read_planes(const unsigned char* slot, const 
 
 // The group words gw, scale pairs s2 and (k = 5) pair high bits hi of this lane's 2 MT features c0 + s
 // in one block, from its plane words and absmax bytes (kw_read_planes).
-template <int K, int C5, int MT>
+template <int K, int C5, int MT, bool kWide = false>
 __device__ __forceinline__ void kw_block_words(const uint32_t (&pw)[K][2 * MT], uint32_t ab, const uint32_t* tbl,
                                                const KwLane& L, uint32_t (&gw)[2 * MT], uint32_t (&s2)[2 * MT],
                                                uint32_t (&hi)[2 * MT]) {
@@ -161,14 +178,14 @@ __device__ __forceinline__ void kw_block_words(const uint32_t (&pw)[K][2 * MT], 
         for (int b = 0; b < K; ++b) p[b] = pw[b][s];
         gw[s] = group_word<K>(p, L.g);
         hi[s] = K == 5 ? k5_pair_hi(p[K - 1], L.g) : 0u;
-        s2[s] = tbl[kw_lut_words(K, C5) + __byte_perm(ab, 0u, 0x4440u | s)];
+        s2[s] = tbl[kw_pair_words(K, C5, kWide) + __byte_perm(ab, 0u, 0x4440u | s)];
     }
 }
 
 // The unscaled table words of k16 half kk of one block: m64 tile i, rows r8 / r8 + 8 = features c0 +
 // 2i / c0 + 2i + 1: w[i][0] / w[i][1] at inputs 2g, 2g + 1 of the half (pair byte 2kk), w[i][2] /
-// w[i][3] at 2g + 8, 2g + 9 (the mma A fragment registers).
-template <int K, int C5, int MT>
+// w[i][3] at 2g + 8, 2g + 9 (the mma A fragment registers). kWide: the table of 256-byte rows.
+template <int K, int C5, int MT, bool kWide = false>
 __device__ __forceinline__ void kw_lookup(const char* tblc, const uint32_t (&gw)[2 * MT], const uint32_t (&hi)[2 * MT],
                                           const KwLane& L, int kk, uint32_t (&w)[MT][4]) {
 #pragma unroll
@@ -180,6 +197,9 @@ __device__ __forceinline__ void kw_lookup(const char* tblc, const uint32_t (&gw)
             if constexpr (K == 5) {
                 o0 = k5_lut_off<C5>(gw[sf], hi[sf], 2 * kk, L.copy4);
                 o1 = k5_lut_off<C5>(gw[sf], hi[sf], 2 * kk + 1, L.copy4);
+            } else if constexpr (kWide) {
+                o0 = wide_lut_off(gw[sf], 2 * kk, L.lane8 >> 1);
+                o1 = wide_lut_off(gw[sf], 2 * kk + 1, L.lane8 >> 1);
             } else {
                 o0 = wide_lut_off(gw[sf], 2 * kk, L.lane8) >> 1;
                 o1 = wide_lut_off(gw[sf], 2 * kk + 1, L.lane8) >> 1;
@@ -236,10 +256,12 @@ __device__ __forceinline__ void kw_load_part(int part, uint32_t base, uint32_t b
 // Decodes one landed stage (slot at generic pointer slot, shared address slot_s) into A fragments
 // and issues its 4 k16 halves as one commit group each (its MT m64 tiles): acc[i] += W x^T. Before
 // decoding a half the warp waits until at most one group (the previous half's) is pending. The
-// caller waits for all groups (wgmma_wait<0>) before it reads acc.
-template <typename T, int K, int R, int C5 = kLut5Copies, int MT = kw_mt(R)>
+// caller waits for all groups (wgmma_wait<0>) before it reads acc. kDense: the dense kernel's
+// WgCfg (its table and lookup order).
+template <typename T, int K, int R, int C5 = kLut5Copies, int MT = kw_mt(R), bool kDense = false>
 __device__ __forceinline__ void kw_stage(const unsigned char* slot, uint32_t slot_s, const uint32_t* tbl,
                                          const KwLane& L, float (&acc)[MT][R / 2], uint32_t (&a)[2][MT][4]) {
+    using S = WgCfg<K, R, C5, kDense>;
     const char* tblc = reinterpret_cast<const char*>(tbl);
     const uint64_t desc0 = ptx::wgmma_desc_sw128(slot_s);
     static_assert(kWgBK == 2, "two blocks per stage");
@@ -249,14 +271,14 @@ __device__ __forceinline__ void kw_stage(const unsigned char* slot, uint32_t slo
 #pragma unroll
     for (int blk = 0; blk < kWgBK; ++blk) {
         uint32_t gw[2 * MT], s2[2 * MT], hi[2 * MT];
-        kw_block_words<K, C5, MT>(pw, ab, tbl, L, gw, s2, hi);
+        kw_block_words<K, C5, MT, S::kWide>(pw, ab, tbl, L, gw, s2, hi);
         if (blk + 1 < kWgBK) kw_read_planes<K, R, MT>(slot, L, blk + 1, pw, ab);  // overlaps this block's decode
-        auto lookup = [&](int kk, uint32_t (&w)[MT][4]) { kw_lookup<K, C5, MT>(tblc, gw, hi, L, kk, w); };
-        // At one CTA per SM (2 warps a scheduler) both halves' table words are looked up at once,
-        // before the first wgmma wait, so their shared-memory latency overlaps the previous groups'
-        // tensor work: 2-6% (R = 128 and k = 5; RESULTS.md, session 29). At two CTAs per SM the
-        // other CTA's warps hide it, and the live words would press the 128-register budget.
-        constexpr bool kEarly = WgCfg<K, R, C5>::kOneCta;
+        auto lookup = [&](int kk, uint32_t (&w)[MT][4]) { kw_lookup<K, C5, MT, S::kWide>(tblc, gw, hi, L, kk, w); };
+        // S::kEarly: both halves' table words are looked up at once, before the first wgmma wait, so
+        // their shared-memory latency overlaps the previous groups' tensor work (at one CTA per SM, 2
+        // warps a scheduler). Elsewhere at two CTAs per SM the other CTA's warps hide it, and the live
+        // words would press the 128-register budget.
+        constexpr bool kEarly = S::kEarly;
         uint32_t w[2][MT][4];
         if constexpr (kEarly) {
             lookup(0, w[0]);
