@@ -64,31 +64,31 @@ def test_kbit_gemv_rows_by_bits() -> None:
 
 def test_kbit_tensor_core_gemv_rows() -> None:
     """H200: the tensor-core GEMV takes M = 3..8 on the largest layers, fewer rows on smaller ones (k=4:
-    M = 3..5 on layers of 22-100 M weights, M=3 above 18 M; k = 2, 3: M = 3..8 above 40 M, 3..5 above
-    30 M, 3..4 above 18 M), never M = 1 or 2 (the stream-K GEMV, x staged per warp, where a layer has
-    enough units; else the cluster GEMV), nor k=4's M=3 on layers of 100-165 M weights (the stream-K
-    GEMV stages x there), or where the Hopper kernels cannot run (wgmma=False); k = 5 has its own rows
-    and none of them (test_kbit5_hopper_rules)."""
+    M = 3..6 on layers of 40-100 M weights, M=3 above 18 M; k = 2, 3: M = 3..8 above 100 M, 3..7 above
+    40 M, M=3 above 18 M; the wgmma kernel takes the rows after them), never M = 1 or 2 (the stream-K
+    GEMV, x staged per warp, where a layer has enough units; else the cluster GEMV), nor k=4's M=3 on
+    layers of 100-165 M weights (the stream-K GEMV stages x there), or where the Hopper kernels cannot
+    run (wgmma=False); k = 5 has its own rows and none of them (test_kbit5_hopper_rules)."""
     big, down, mid, small, tiny = 4096 * 28672, 14336 * 4096, 4096 * 6144, 2048 * 5120, 2048 * 512
     wide = 4096 * 7168
     assert [dispatch.choose_path(m, (9, 0), big, 4, wgmma=True) for m in (1, 2, 3, 4, 8, 9)] == [
         "gemv", "gemv", "gemv", "gemv_tc", "gemv_tc", "wgmma"]
     assert [dispatch.choose_path(m, (9, 0), big, 2, wgmma=True) for m in (2, 3)] == ["gemv", "gemv_tc"]
     assert [dispatch.choose_path(m, (9, 0), 8192 * 28672, 4, wgmma=True) for m in (2, 3)] == ["gemv", "gemv_tc"]
-    assert [dispatch.choose_path(m, (9, 0), down, 4, wgmma=True) for m in (2, 3, 4, 5, 6)] == [
-        "gemv", "gemv_tc", "gemv_tc", "gemv_tc", "mma"]
-    assert [dispatch.choose_path(m, (9, 0), down, 2, wgmma=True) for m in (2, 3, 8, 9)] == [
-        "gemv", "gemv_tc", "gemv_tc", "mma"]
-    assert [dispatch.choose_path(m, (9, 0), wide, 4, wgmma=True) for m in (1, 2, 3, 4, 5, 6)] == [
-        "gemv", "gemv", "gemv_tc", "gemv_tc", "gemv_tc", "mma"]
-    assert [dispatch.choose_path(m, (9, 0), wide, 2, wgmma=True) for m in (2, 3, 4, 5)] == [
-        "gemv", "gemv_tc", "gemv_tc", "mma"]  # k = 2: M=5 only from 30 M weights
-    assert [dispatch.choose_path(m, (9, 0), 4096 * 8192, 2, wgmma=True) for m in (5, 6)] == ["gemv_tc", "mma"]
-    assert dispatch.choose_path(4, (9, 0), mid, 4, wgmma=True) == "gemv_tc"
+    assert [dispatch.choose_path(m, (9, 0), down, 4, wgmma=True) for m in (2, 3, 4, 5, 6, 7)] == [
+        "gemv", "gemv_tc", "gemv_tc", "gemv_tc", "gemv_tc", "wgmma"]
+    assert [dispatch.choose_path(m, (9, 0), down, 2, wgmma=True) for m in (2, 3, 7, 8)] == [
+        "gemv", "gemv_tc", "gemv_tc", "wgmma"]
+    assert [dispatch.choose_path(m, (9, 0), 8192 * 8192, 3, wgmma=True) for m in (7, 8)] == ["gemv_tc", "wgmma"]
+    assert [dispatch.choose_path(m, (9, 0), wide, 4, wgmma=True) for m in (1, 2, 3, 4)] == [
+        "gemv", "gemv", "gemv_tc", "wgmma"]
+    assert [dispatch.choose_path(m, (9, 0), wide, 2, wgmma=True) for m in (2, 3, 4)] == ["gemv", "gemv_tc", "wgmma"]
+    assert [dispatch.choose_path(m, (9, 0), 4096 * 8192, 2, wgmma=True) for m in (3, 4)] == ["gemv_tc", "wgmma"]
+    assert dispatch.choose_path(4, (9, 0), mid, 4, wgmma=True) == "wgmma"
     assert [dispatch.choose_path(m, (9, 0), mid, 3, wgmma=True) for m in (2, 3, 4, 5, 9)] == [
-        "gemv", "gemv_tc", "gemv_tc", "mma", "wgmma"]
+        "gemv", "gemv_tc", "wgmma", "wgmma", "wgmma"]
     assert dispatch.choose_path(3, (9, 0), 4096 * 5120, 4, wgmma=True) == "gemv_tc"
-    assert dispatch.choose_path(4, (9, 0), 4096 * 5120, 4, wgmma=True) == "mma"  # 18-22 M: M=3 only
+    assert dispatch.choose_path(4, (9, 0), 4096 * 5120, 4, wgmma=True) == "wgmma"
     assert dispatch.choose_path(3, (9, 0), 4096 * 5632, 4, wgmma=True) == "gemv_tc"
     assert dispatch.choose_path(3, (9, 0), mid, 4, wgmma=True) == "gemv_tc"
     assert dispatch.choose_path(3, (9, 0), 4096 * 4096, 4, wgmma=True) == "gemv"
@@ -102,15 +102,16 @@ def test_kbit_tensor_core_gemv_rows() -> None:
 
 def test_kbit_wgmma_rows() -> None:
     """H200: the wgmma kernel takes WGMMA_RULES' rows on layers above MMA_SMALL_LAYER (M = 9..960
-    above 100 M weights, 17..960 above 40 M, 9..384 above 20 M, 17..192 below) and WGMMA_SMALL_ROWS
-    (M = 4..64, 4..32 up to 2 M weights) on smaller ones, where it can run (ops.wgmma_ok, not
-    deterministic mode); elsewhere the MMA / dequantize + cuBLAS rules stand."""
+    above 100 M weights, 7..960 above 40 M, 4..384 above 20 M, 4..192 below; the tensor-core GEMV's or
+    the GEMV's rows before them) and WGMMA_SMALL_ROWS (M = 4..64, 4..32 up to 2 M weights) on smaller
+    ones, where it can run (ops.wgmma_ok, not deterministic mode); elsewhere the MMA / dequantize +
+    cuBLAS rules stand."""
     big, down, qkv, o = 4096 * 28672, 14336 * 4096, 4096 * 6144, 4096 * 4096
     small, tiny = 2048 * 2048, 2048 * 512
-    for w, first, last in ((big, 9, 960), (down, 17, 960), (qkv, 9, 384), (o, 17, 192)):
+    for w, first, last in ((big, 9, 960), (down, 7, 960), (qkv, 4, 384), (o, 4, 192)):
         assert dispatch.choose_path(first, (9, 0), w, 4, wgmma=True) == "wgmma"
         assert dispatch.choose_path(last, (9, 0), w, 2, wgmma=True) == "wgmma"
-        assert dispatch.choose_path(first - 1, (9, 0), w, 4, wgmma=True) in ("mma", "gemv_tc")
+        assert dispatch.choose_path(first - 1, (9, 0), w, 4, wgmma=True) in ("gemv", "gemv_tc")
         assert dispatch.choose_path(last + 1, (9, 0), w, 4, wgmma=True) == "dequant"
         assert dispatch.choose_path(17, (9, 0), w, 4, wgmma=False) == "mma"
         assert dispatch.choose_path(last, (9, 0), w, 4, wgmma=False) == "dequant"

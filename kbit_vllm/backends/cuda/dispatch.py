@@ -124,8 +124,18 @@ MMA_SMALL_LAYER = 12 * 1024 * 1024
 # 14336x4096 -0.1..-0.4 / +0.1..+0.3 / +0.4..+0.7, so 17 stays; 20-40 M layers -0.1..-1.0 on
 # 4096x6144, 4096x5632, 4096x8192, 2048x12288 (k=2 alike) and 0..+0.2 on 8192x3072, 4096x7168, so
 # 9; 4096x4096 -0.4..+0.3, so 17 stays.
+# Session 40: the 16- and 32-row tiles got faster (the 64 KB pair table, csrc/kbit_wgmma_tile.cuh
+# WgCfg::kWide), and the kernel now beats the MMA and the tensor-core GEMV from M=4 on layers of
+# 12-40 M weights and from M=7 (k=4) / 8 (k = 2, 3: TC_ROWS keeps 7) on 40-100 M ones. bf16 behind a
+# writer, µs wgmma / the op before, k=4: M=4 4096x6144 11.8 / 12.7, 8192x3072 11.9 / 13.5, 4096x8192
+# 13.6 / 14.0, but 2048x12288 12.1 / 11.8; M=5 4096x5632 11.4 / 12.8, 4096x6144 12.1 / 13.2; M=7
+# 14336x4096 19.3 / 21.0, 8192x8192 21.7 / 21.8 (M=6 21.4 / 21.0); M=8 4096x8192 13.7 / 15.6,
+# 14336x4096 19.5 / 20.9, 8192x8192 21.5 / 23.9, 4096x4096 10.2 / 11.3; M=16 14336x4096 20.0 / 21.9,
+# 8192x8192 21.5 / 24.0, 4096x4096 10.4 / 11.2; k=2 M=8 14336x4096 18.4 / 19.2, 8192x8192 19.8 /
+# 20.1. M=3 stays with the tensor-core GEMV or the GEMV (the wgmma kernel wins on some layers, loses
+# on 4096x8192, 4096x5632, 2048x12288 by 0.3-0.9).
 WGMMA_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((100 << 20, 9, 960), (40 << 20, 17, 960), (20 << 20, 9, 384), (0, 17, 192)),
+    (9, 0): ((100 << 20, 9, 960), (40 << 20, 7, 960), (20 << 20, 4, 384), (0, 4, 192)),
 }
 # The same on layers of at most MMA_SMALL_LAYER weights (k <= 4): rules (weights above, first row,
 # last row), the first rule the layer is above decides. The wgmma kernel runs one CTA per SM there
@@ -247,10 +257,14 @@ def wgmma_even_grid(units: int, stages: int, ctas: int) -> int:
 # takes M = 5..8 above 40 M weights and M=5 above 30 M. Behind a writer, k=2 bf16, µs gemv_tc / the
 # op before: M=5 14336x4096 17.4 / 18.8, 8192x8192 18.5 / 21.3, 4096x8192 (34 M) 13.1 / 14.4, but
 # 4096x6144 (25 M) 12.4 / 11.8 (MMA); M=8 8192x8192 19.9 / 21.3, 14336x4096 18.9 / 19.0.
+# Session 40: the wgmma kernel's faster small tiles (WGMMA_RULES) take M = 4..8 below 40 M weights and
+# M=8 on 40-100 M layers. k=2 bf16 behind a writer, µs gemv_tc / wgmma: M=4 4096x6144 11.9 / 11.3,
+# 4096x8192 13.3 / 12.9, 8192x3072 13.1 / 11.4, 2048x12288 11.2 / 11.7; M=7 14336x4096 18.6 / 18.5,
+# 8192x8192 19.8 / 19.9; M=8 19.2 / 18.4, 20.1 / 19.8; 4096x28672 keeps M = 3..8 (M=8 29.6 / 31.5).
 TC_ROWS: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((40 << 20, 3, 8), (30 << 20, 3, 5), (18 << 20, 3, 4)),
+    (9, 0): ((100 << 20, 3, 8), (40 << 20, 3, 7), (18 << 20, 3, 3)),
 }
-# k = 4 (its current rows: session 39, at the end). Session 37 kept M=4 off 18-40 M layers (behind
+# k = 4 (its current rows: session 40, at the end). Session 37 kept M=4 off 18-40 M layers (behind
 # a writer, gemv_tc / the faster of MMA and wgmma, M=4, fp16 x; bf16 within 0.3): 4096x6144 14.1 /
 # 12.9, 8192x3072 13.7 / 12.6, 4096x5120 12.5 / 12.2, 4096x7168 15.2 / 14.5, 4096x5632 13.2 / 12.8,
 # 2048x12288 13.6 / 13.6; k=2 kept it (4096x5120 11.3 / 11.5, 2048x12288 11.9 / 12.7, against
@@ -272,8 +286,11 @@ TC_ROWS: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
 # 20.9 (wgmma) and 4096x6144 13.7 / 13.1 keep theirs; 4096x28672 M=3 stays on the stream-K GEMV
 # (26.3 / 28.7). So layers of 22-100 M weights take M = 3..5 (past 100 M, M=3 stays on the stream-K
 # GEMV up to 165 M).
+# Session 40: the wgmma kernel takes M >= 4 below 40 M weights and M >= 7 on 40-100 M layers
+# (WGMMA_RULES has the measurements; at M = 5, 6 on 40-100 M layers, µs gemv_tc / wgmma: 14336x4096
+# 19.8 / 19.4 and 20.0 / 19.3, 8192x8192 20.4 / 21.5 and 21.0 / 21.4).
 TC_ROWS_K4: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((165 << 20, 3, 8), (100 << 20, 4, 8), (22 << 20, 3, 5), (18 << 20, 3, 3)),
+    (9, 0): ((165 << 20, 3, 8), (100 << 20, 4, 8), (40 << 20, 3, 6), (18 << 20, 3, 3)),
 }
 
 
