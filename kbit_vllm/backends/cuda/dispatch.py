@@ -129,11 +129,11 @@ MMA_SMALL_LAYER = 12 * 1024 * 1024
 # 12-40 M weights and from M=7 (k=4) / 8 (k = 2, 3: TC_ROWS keeps 7) on 40-100 M ones. bf16 behind a
 # writer, µs wgmma / the op before, k=4: M=4 4096x6144 11.8 / 12.7, 8192x3072 11.9 / 13.5, 4096x8192
 # 13.6 / 14.0, but 2048x12288 12.1 / 11.8; M=5 4096x5632 11.4 / 12.8, 4096x6144 12.1 / 13.2; M=7
-# 14336x4096 19.3 / 21.0, 8192x8192 21.7 / 21.8 (M=6 21.4 / 21.0); M=8 4096x8192 13.7 / 15.6,
-# 14336x4096 19.5 / 20.9, 8192x8192 21.5 / 23.9, 4096x4096 10.2 / 11.3; M=16 14336x4096 20.0 / 21.9,
-# 8192x8192 21.5 / 24.0, 4096x4096 10.4 / 11.2; k=2 M=8 14336x4096 18.4 / 19.2, 8192x8192 19.8 /
-# 20.1. M=3 stays with the tensor-core GEMV or the GEMV (the wgmma kernel wins on some layers, loses
-# on 4096x8192, 4096x5632, 2048x12288 by 0.3-0.9).
+# 14336x4096 19.3 / 21.0, 8192x8192 21.7 / 24.0 (the tensor-core GEMV 21.8; at M=6 21.4 against its
+# 21.0); M=8 4096x8192 13.7 / 15.6, 14336x4096 19.5 / 20.9, 8192x8192 21.5 / 23.9, 4096x4096 10.2 /
+# 11.3; M=16 14336x4096 20.0 / 21.9, 8192x8192 21.5 / 24.0, 4096x4096 10.4 / 11.2; k=2 M=8 14336x4096
+# 18.4 / 19.3, 8192x8192 19.8 / 20.3. M=3 stays with the tensor-core GEMV or the GEMV (the wgmma
+# kernel wins on some layers, loses on 4096x8192, 4096x5632, 2048x12288 by 0.3-0.9).
 WGMMA_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
     (9, 0): ((100 << 20, 9, 960), (40 << 20, 7, 960), (20 << 20, 4, 384), (0, 4, 192)),
 }
@@ -260,7 +260,7 @@ def wgmma_even_grid(units: int, stages: int, ctas: int) -> int:
 # Session 40: the wgmma kernel's faster small tiles (WGMMA_RULES) take M = 4..8 below 40 M weights and
 # M=8 on 40-100 M layers. k=2 bf16 behind a writer, µs gemv_tc / wgmma: M=4 4096x6144 11.9 / 11.3,
 # 4096x8192 13.3 / 12.9, 8192x3072 13.1 / 11.4, 2048x12288 11.2 / 11.7; M=7 14336x4096 18.6 / 18.5,
-# 8192x8192 19.8 / 19.9; M=8 19.2 / 18.4, 20.1 / 19.8; 4096x28672 keeps M = 3..8 (M=8 29.6 / 31.5).
+# 8192x8192 19.8 / 19.9; M=8 19.2 / 18.4, 20.1 / 19.8; 4096x28672 keeps M = 3..8 (M=8 29.7 / 31.5).
 TC_ROWS: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
     (9, 0): ((100 << 20, 3, 8), (40 << 20, 3, 7), (18 << 20, 3, 3)),
 }
