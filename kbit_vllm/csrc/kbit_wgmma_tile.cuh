@@ -118,8 +118,9 @@ struct KwLane {
     }
 };
 
-// The pair table (k <= 4: the compact [256][32] words, or kWide the [256][64]; k = 5: build_k5_lut) and the scale-pair
-// table of all 256 absmax bytes, built by the CTA's 256 threads (the caller's barrier publishes them).
+// The pair table (k <= 4: the compact [256][32] words, kWide the [256][64]; k = 5: build_k5_lut) and
+// the scale-pair table of all 256 absmax bytes after it, built by the CTA's 256 threads (the
+// caller's barrier publishes them).
 template <int K, typename T, int C5 = kLut5Copies, bool kWide = false>
 __device__ __forceinline__ void kw_build_tables(uint32_t* tbl, const float* __restrict__ codebook, int tid) {
     if constexpr (K == 5)
