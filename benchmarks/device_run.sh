@@ -12,6 +12,8 @@
 #   bench_moe_experts  benchmarks/bench_moe_experts.py $BENCH_MOE_EXPERTS_ARGS (kbit_moe_experts: one kernel / five ops / fp16)
 #   exp_rows    benchmarks/exp_wgmma_rows.py $EXP_ROWS_ARGS (issue 3: the wgmma kernel at each row tile past 64 rows)
 #   ncu         benchmarks/profile_ncu.sh over NCU_CONFIGS ("in out k path m;in out k path m")
+#   ab          benchmarks/ab_libs.py $AB_ARGS: library builds A/B, e.g. AB_ARGS="--libs base=/tmp/a.so,new=/tmp/b.so
+#               --shapes 4096x28672 --ks 4 --ms 16,32 --paths wgmma" (each library in its own process, interleaved)
 set -o pipefail
 OUT=${OUT:-device_out}
 mkdir -p "$OUT"
@@ -45,6 +47,7 @@ for step in $STEPS; do
              > "$OUT/bench_moe_experts.log" 2>&1 ;;
     exp_rows) timeout 300 python3 benchmarks/exp_wgmma_rows.py --json "$OUT/exp_rows.json" \
              $EXP_ROWS_ARGS > "$OUT/exp_rows.log" 2>&1 ;;
+    ab) timeout 450 python3 benchmarks/ab_libs.py $AB_ARGS --json "$OUT/ab.json" > "$OUT/ab.log" 2>&1 ;;
     ncu) IFS=';' read -r -a cfgs <<< "${NCU_CONFIGS:-4096 28672 4 gemv 1}"
          timeout 300 bash benchmarks/profile_ncu.sh "${cfgs[@]}" > "$OUT/ncu.log" 2>&1 ;;
     *) echo "unknown step $step" ;;

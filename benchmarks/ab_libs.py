@@ -1,0 +1,194 @@
+"""A/B of CUDA library builds: the same forced kernel paths (or the op) timed under each library,
+each library in its own process, the processes interleaved over rounds in one call, so that the
+GPU's drift between calls does not pass for a kernel change.
+
+Why: a kernel experiment is a second build of libkbit_vllm.so (a template switch, a macro); one
+process can load only one (KBIT_VLLM_LIBRARY). Timing as bench_kbit.py times (CUDA-graph replay
+over rotated weight copies, median), behind a writer of x by default (as vLLM runs a linear). Each
+cell is checked against the dequantize + cuBLAS path of the same library (relative error).
+
+Usage (GPU machine, repo root; libraries built for this GPU):
+    python3 benchmarks/ab_libs.py --libs base=/tmp/a.so,new=/tmp/b.so --shapes 4096x28672,14336x4096 \\
+        --ks 4,2 --ms 16,32 --paths wgmma [--awq] [--rounds 2] [--json ab.json]
+Prints one line per timing as it lands, then a table: a row per (layer, k, M, path), each library's
+times over the rounds, and the ratio of each library's median to the first one's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+PREFIX = "AB "  # child result lines: PREFIX + JSON
+
+
+def parse_libs(spec: str) -> list[tuple[str, str]]:
+    """'name=path,name=path' -> [(name, path)], names unique (the first is the baseline)."""
+    out = []
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--libs: expected name=path, got {item!r}")
+        out.append((name, path))
+    names = [n for n, _ in out]
+    if len(set(names)) != len(names) or len(out) < 1:
+        raise ValueError(f"--libs: need one or more uniquely named libraries, got {names}")
+    return out
+
+
+def parse_shapes(spec: str) -> list[tuple[int, int]]:
+    """'INxOUT,INxOUT' -> [(in, out)], in a multiple of 32."""
+    shapes = []
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        a, sep, b = item.partition("x")
+        if not sep or not a.isdigit() or not b.isdigit() or int(a) % 32:
+            raise ValueError(f"--shapes: expected INxOUT with IN a multiple of 32, got {item!r}")
+        shapes.append((int(a), int(b)))
+    return shapes
+
+
+def summarize(records: list[dict], libs: list[str]) -> str:
+    """Markdown table of child records ({lib, shape, k, m, path, us, err}): a row per (shape, k, m,
+    path) in first-seen order, each library's times over the rounds, and median / first library's
+    median."""
+    keys: list[tuple] = []
+    cells: dict[tuple, dict[str, list[float]]] = {}
+    errs: dict[tuple, float] = {}
+    for r in records:
+        key = (r["shape"], r["k"], r["m"], r["path"])
+        if key not in cells:
+            keys.append(key)
+            cells[key] = {}
+        cells[key].setdefault(r["lib"], []).append(r["us"])
+        errs[key] = max(errs.get(key, 0.0), r["err"])
+    head = "| layer | k | M | path | " + " | ".join(f"{n} µs" for n in libs)
+    head += "".join(f" | {n} / {libs[0]}" for n in libs[1:]) + " | max rel. err |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for key in keys:
+        c = cells[key]
+        times = [" / ".join(f"{t:.2f}" for t in c.get(n, [])) or "-" for n in libs]
+        base = statistics.median(c[libs[0]]) if c.get(libs[0]) else None
+        ratios = [f"{statistics.median(c[n]) / base:.3f}" if base and c.get(n) else "-" for n in libs[1:]]
+        shape, k, m, path = key
+        lines.append(f"| {shape} | {k} | {m} | {path} | " + " | ".join(times)
+                     + "".join(f" | {r}" for r in ratios) + f" | {errs[key]:.1e} |")
+    return "\n".join(lines)
+
+
+def run_child(args: argparse.Namespace) -> None:
+    """Time every (shape, k, M, path) under the library this process loaded; print PREFIX lines."""
+    import functools
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench_kbit
+
+    from kbit_vllm import ops
+    from kbit_vllm.backends.cuda import awq_ops, library
+    from kbit_vllm.backends.cuda import ops as cuda_ops
+    from kbit_vllm.formats import normal_float_codebook, quantize_awq_rtn
+
+    if not library.STATUS.loaded:  # the op would run the PyTorch path and time that instead
+        raise SystemExit(f"ab_libs: library {args.child}: {library.STATUS}")
+
+    def call(x, c, path: str, cb, k: int, out_f: int):
+        """One layer through `path` ("op": the op's own choice); c = the layer's two weight tensors."""
+        if cb is None:
+            if path == "op":
+                return ops.awq_linear(x, c[0], c[1], None, 128, out_f)
+            return awq_ops.linear_path(x, c[0], c[1], None, 128, out_f, path)
+        if path == "op":
+            return ops.kbit_linear(x, c[0], c[1], cb, None, k, out_f)
+        return cuda_ops.linear_path(x, c[0], c[1], cb, None, k, out_f, path)
+
+    bench_kbit.BEHIND_WRITER = not args.no_writer
+    dt = getattr(torch, args.dtype)
+    torch.manual_seed(0)
+    ks = [4] if args.awq else [int(v) for v in args.ks.split(",")]
+    for in_f, out_f in parse_shapes(args.shapes):
+        w = torch.randn(out_f, in_f, device="cuda", dtype=dt) * 0.05
+        for k in ks:
+            if args.awq:
+                cb = None
+                base = ops.awq_repack(*quantize_awq_rtn(w, 128, scale_dtype=dt), 128, dt)
+            else:
+                cb = normal_float_codebook(k).cuda()
+                base = ops.kbit_repack(*ops.kbit_quantize(w, cb, k), k)
+            copies = [tuple(t.clone() for t in base) for _ in range(
+                bench_kbit.n_copies(sum(t.numel() * t.element_size() for t in base), 64))]
+            for m in (int(v) for v in args.ms.split(",")):
+                x = torch.randn(m, in_f, device="cuda", dtype=dt)
+                ref = call(x, base, "dequant", cb, k, out_f).float()
+                for path in args.paths.split(","):
+                    y = call(x, base, path, cb, k, out_f).float()
+                    err = ((y - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+                    us = bench_kbit.timed([functools.partial(call, x, c, path, cb, k, out_f) for c in copies], x)
+                    rec = {"lib": args.child, "shape": f"{in_f}x{out_f}", "k": "awq" if args.awq else k,
+                           "m": m, "path": path, "us": us, "err": err}
+                    print(PREFIX + json.dumps(rec), flush=True)
+            del copies
+            torch.cuda.empty_cache()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--libs", required=False, help="name=path,name=path (the first is the baseline)")
+    ap.add_argument("--shapes", default="4096x28672,14336x4096,4096x6144", help="INxOUT,...")
+    ap.add_argument("--ks", default="4", help="kbit bit widths (ignored with --awq)")
+    ap.add_argument("--ms", default="16", help="activation rows")
+    ap.add_argument("--paths", default="wgmma", help="kernel paths of linear_path, or 'op' for the op's choice")
+    ap.add_argument("--awq", action="store_true", help="awq_orin (group 128) instead of kbit")
+    ap.add_argument("--dtype", default="bfloat16", choices=("float16", "bfloat16"))
+    ap.add_argument("--no-writer", action="store_true", help="time back to back, not behind a writer of x")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--timeout", type=int, default=150, help="seconds per child process")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child is not None:
+        run_child(args)
+        return
+    if not args.libs:
+        ap.error("--libs is required")
+    libs = parse_libs(args.libs)
+    parse_shapes(args.shapes)  # fail here, not in every child
+    for name, path in libs:
+        if not Path(path).is_file():
+            ap.error(f"--libs: {name}={path} is not a file")
+    child_args = list(sys.argv[1:])
+    records: list[dict] = []
+    for rnd in range(args.rounds):
+        for name, path in libs:
+            env = dict(os.environ, KBIT_VLLM_LIBRARY=str(Path(path).resolve()), PYTHONUNBUFFERED="1")
+            cmd = [sys.executable, __file__, *child_args, "--child", name]
+            print(f"# round {rnd + 1}: {name} ({path})", flush=True)
+            try:
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+            except subprocess.TimeoutExpired as e:
+                print(f"# {name}: timed out after {args.timeout} s", flush=True)
+                out = e.stdout if isinstance(e.stdout, str) else (e.stdout or b"").decode()
+            else:
+                out = proc.stdout
+                if proc.returncode:
+                    print(f"# {name}: exit {proc.returncode}\n{proc.stderr[-2000:]}", flush=True)
+            for line in out.splitlines():
+                if line.startswith(PREFIX):
+                    rec = json.loads(line[len(PREFIX):])
+                    records.append(rec)
+                    print(f"{name} {rec['shape']} k={rec['k']} M={rec['m']} {rec['path']}: {rec['us']:.2f} µs "
+                          f"err {rec['err']:.1e}", flush=True)
+    print()
+    print(summarize(records, [n for n, _ in libs]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"libs": dict(libs), "records": records}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

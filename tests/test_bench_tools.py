@@ -1,0 +1,56 @@
+"""benchmarks/ab_libs.py, the A/B harness for library builds: its argument parsing and the table it
+prints run on any machine; the timing itself needs a GPU (run on the device)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+import ab_libs  # noqa: E402
+
+
+def test_parse_libs_and_shapes() -> None:
+    assert ab_libs.parse_libs("base=/a.so, new=b.so") == [("base", "/a.so"), ("new", "b.so")]
+    for bad in ("base", "=x.so", "a=x.so,a=y.so", ""):
+        with pytest.raises(ValueError, match="--libs"):
+            ab_libs.parse_libs(bad)
+    assert ab_libs.parse_shapes("4096x28672,14336x4096") == [(4096, 28672), (14336, 4096)]
+    for bad in ("4096", "4001x10", "ax8"):
+        with pytest.raises(ValueError, match="--shapes"):
+            ab_libs.parse_shapes(bad)
+
+
+def test_summarize_rows_rounds_and_ratios() -> None:
+    rec = [
+        {"lib": "base", "shape": "4096x28672", "k": 4, "m": 16, "path": "wgmma", "us": 35.0, "err": 3e-3},
+        {"lib": "new", "shape": "4096x28672", "k": 4, "m": 16, "path": "wgmma", "us": 33.0, "err": 4e-3},
+        {"lib": "base", "shape": "4096x28672", "k": 4, "m": 16, "path": "wgmma", "us": 36.0, "err": 3e-3},
+        {"lib": "new", "shape": "4096x28672", "k": 4, "m": 16, "path": "wgmma", "us": 33.4, "err": 3e-3},
+        {"lib": "base", "shape": "4096x6144", "k": 2, "m": 32, "path": "op", "us": 10.0, "err": 1e-3},
+    ]
+    lines = ab_libs.summarize(rec, ["base", "new"]).splitlines()
+    assert lines[0].startswith("| layer | k | M | path | base µs | new µs | new / base |")
+    assert len(lines) == 4  # header, rule, two rows in first-seen order
+    assert "| 4096x28672 | 4 | 16 | wgmma | 35.00 / 36.00 | 33.00 / 33.40 | 0.935 | 4.0e-03 |" == lines[2]
+    assert lines[3] == "| 4096x6144 | 2 | 32 | op | 10.00 | - | - | 1.0e-03 |"  # a library with no time
+
+
+def test_parent_reports_a_failed_child(tmp_path: Path) -> None:
+    """A library that cannot run (here not a library at all) ends in a message and an empty table,
+    not a traceback of the parent."""
+    fake = tmp_path / "not_a_lib.so"
+    fake.write_bytes(b"\0")
+    out = subprocess.run([sys.executable, str(BENCH / "ab_libs.py"), "--libs", f"x={fake}", "--rounds", "1",
+                          "--shapes", "64x64", "--timeout", "120"], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert "# round 1: x" in out.stdout and "# x: exit 1" in out.stdout
+    assert "ab_libs: library x: CUDA library not loaded" in out.stdout
+    assert out.stdout.rstrip().endswith("|---|---|---|---|---|---|")
+    bad = subprocess.run([sys.executable, str(BENCH / "ab_libs.py"), "--libs", f"x={tmp_path / 'missing.so'}"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "is not a file" in bad.stderr
