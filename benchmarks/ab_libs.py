@@ -10,6 +10,9 @@ cell is checked against the dequantize + cuBLAS path of the same library (relati
 Usage (GPU machine, repo root; libraries built for this GPU):
     python3 benchmarks/ab_libs.py --libs base=/tmp/a.so,new=/tmp/b.so --shapes 4096x28672,14336x4096 \\
         --ks 4,2 --ms 16,32 --paths wgmma [--awq] [--rounds 2] [--json ab.json]
+    python3 benchmarks/ab_libs.py --libs ... --moe qwen128 --tokens 64,256 --paths wgmma,op
+(--moe: the grouped kernels on bench_moe.py's scenarios instead of dense layers; M is then the
+token count, each token routed to top-k random experts as bench_moe.py routes them.)
 Prints one line per timing as it lands, then a table: a row per (layer, k, M, path), each library's
 times over the rounds, and the ratio of each library's median to the first one's.
 """
@@ -96,6 +99,9 @@ def run_child(args: argparse.Namespace) -> None:
 
     if not library.STATUS.loaded:  # the op would run the PyTorch path and time that instead
         raise SystemExit(f"ab_libs: library {args.child}: {library.STATUS}")
+    if args.moe:
+        run_child_moe(args)
+        return
 
     def call(x, c, path: str, cb, k: int, out_f: int):
         """One layer through `path` ("op": the op's own choice); c = the layer's two weight tensors."""
@@ -126,14 +132,61 @@ def run_child(args: argparse.Namespace) -> None:
                 x = torch.randn(m, in_f, device="cuda", dtype=dt)
                 ref = call(x, base, "dequant", cb, k, out_f).float()
                 for path in args.paths.split(","):
-                    y = call(x, base, path, cb, k, out_f).float()
-                    err = ((y - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-                    us = bench_kbit.timed([functools.partial(call, x, c, path, cb, k, out_f) for c in copies], x)
+                    try:
+                        y = call(x, base, path, cb, k, out_f).float()
+                        err = ((y - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+                        us = bench_kbit.timed([functools.partial(call, x, c, path, cb, k, out_f) for c in copies], x)
+                    except Exception as e:  # a path this layer or M does not take: report, keep going
+                        print(f"# {in_f}x{out_f} k={k} M={m} {path}: {e}", file=sys.stderr, flush=True)
+                        continue
                     rec = {"lib": args.child, "shape": f"{in_f}x{out_f}", "k": "awq" if args.awq else k,
                            "m": m, "path": path, "us": us, "err": err}
                     print(PREFIX + json.dumps(rec), flush=True)
             del copies
             torch.cuda.empty_cache()
+
+
+def run_child_moe(args: argparse.Namespace) -> None:
+    """The grouped kernels (or the grouped op) on bench_moe.py's scenarios, as run_child does dense
+    layers; the grouped MMA of the same library is the error reference."""
+    import bench_kbit
+    import bench_moe
+    import torch
+
+    bench_kbit.BEHIND_WRITER = not args.no_writer
+    dt = torch.float16 if args.awq else getattr(torch, args.dtype)  # bench_moe's awq stacks are fp16 layouts
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    fmts = ["awq"] if args.awq else [f"k{v}" for v in args.ks.split(",")]
+    scens = {s[0]: s for s in bench_moe.SCENARIOS}
+    for name in args.moe.split(","):
+        if name not in scens:
+            raise SystemExit(f"ab_libs: --moe {name!r}: expected one of {sorted(scens)}")
+        _, n_exp, topk, shapes = scens[name]
+        for shape, in_f, out_f in shapes:
+            w16 = torch.randn(n_exp, out_f, in_f, device="cuda", dtype=torch.float16) * 0.05
+            for f in fmts:
+                st = bench_moe.Stack(f, w16)
+                for t in (int(v) for v in args.tokens.split(",")):
+                    counts = bench_moe.route(n_exp, topk, t, gen)
+                    offs = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)]).to(torch.int32).cuda()
+                    x = torch.randn(int(counts.sum()), in_f, device="cuda", dtype=dt)
+                    cps = st.take(bench_moe.copies_for(int(st.expert_bytes * int((counts > 0).sum())), st.full_bytes))
+                    ref = st.call(cps[0], x, offs, "mma")().float()
+                    for path in args.paths.split(","):
+                        p = None if path == "op" else path
+                        try:
+                            y = st.call(cps[0], x, offs, p)().float()
+                            err = ((y - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+                            us = bench_kbit.timed([st.call(c, x, offs, p) for c in cps], x)
+                        except Exception as e:  # report, keep going
+                            print(f"# {name} {shape} {f} T={t} {path}: {e}", file=sys.stderr, flush=True)
+                            continue
+                        rec = {"lib": args.child, "shape": f"{name} {shape} {in_f}x{out_f}", "k": f, "m": t,
+                               "path": path, "us": us, "err": err}
+                        print(PREFIX + json.dumps(rec), flush=True)
+                del st
+                torch.cuda.empty_cache()
 
 
 def main() -> None:
@@ -142,8 +195,11 @@ def main() -> None:
     ap.add_argument("--shapes", default="4096x28672,14336x4096,4096x6144", help="INxOUT,...")
     ap.add_argument("--ks", default="4", help="kbit bit widths (ignored with --awq)")
     ap.add_argument("--ms", default="16", help="activation rows")
-    ap.add_argument("--paths", default="wgmma", help="kernel paths of linear_path, or 'op' for the op's choice")
+    ap.add_argument("--paths", default="wgmma",
+                    help="kernel paths (linear_path / grouped_path names), or 'op' for the op's choice")
     ap.add_argument("--awq", action="store_true", help="awq_orin (group 128) instead of kbit")
+    ap.add_argument("--moe", default=None, help="bench_moe.py scenarios (seed8, qwen128): the grouped kernels")
+    ap.add_argument("--tokens", default="64,256", help="--moe: token counts")
     ap.add_argument("--dtype", default="bfloat16", choices=("float16", "bfloat16"))
     ap.add_argument("--no-writer", action="store_true", help="time back to back, not behind a writer of x")
     ap.add_argument("--rounds", type=int, default=2)
@@ -158,6 +214,13 @@ def main() -> None:
         ap.error("--libs is required")
     libs = parse_libs(args.libs)
     parse_shapes(args.shapes)  # fail here, not in every child
+    if args.moe:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_moe import SCENARIOS
+
+        unknown = set(args.moe.split(",")) - {s[0] for s in SCENARIOS}
+        if unknown:
+            ap.error(f"--moe: unknown scenarios {sorted(unknown)}; expected some of {[s[0] for s in SCENARIOS]}")
     for name, path in libs:
         if not Path(path).is_file():
             ap.error(f"--libs: {name}={path} is not a file")
@@ -177,6 +240,10 @@ def main() -> None:
                 out = proc.stdout
                 if proc.returncode:
                     print(f"# {name}: exit {proc.returncode}\n{proc.stderr[-2000:]}", flush=True)
+                else:  # the paths a layer did not take
+                    for line in proc.stderr.splitlines():
+                        if line.startswith("# "):
+                            print(f"# {name}: {line[2:]}", flush=True)
             for line in out.splitlines():
                 if line.startswith(PREFIX):
                     rec = json.loads(line[len(PREFIX):])

@@ -54,3 +54,6 @@ def test_parent_reports_a_failed_child(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, str(BENCH / "ab_libs.py"), "--libs", f"x={tmp_path / 'missing.so'}"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "is not a file" in bad.stderr
+    moe = subprocess.run([sys.executable, str(BENCH / "ab_libs.py"), "--libs", f"x={fake}", "--moe", "qwen7"],
+                         capture_output=True, text=True, timeout=120)
+    assert moe.returncode == 2 and "unknown scenarios ['qwen7']" in moe.stderr
