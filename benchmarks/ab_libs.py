@@ -5,7 +5,8 @@ GPU's drift between calls does not pass for a kernel change.
 Why: a kernel experiment is a second build of libkbit_vllm.so (a template switch, a macro); one
 process can load only one (KBIT_VLLM_LIBRARY). Timing as bench_kbit.py times (CUDA-graph replay
 over rotated weight copies, median), behind a writer of x by default (as vLLM runs a linear). Each
-cell is checked against the dequantize + cuBLAS path of the same library (relative error).
+cell is checked against the same library's dequantize + cuBLAS path (--moe: its grouped MMA), as a
+relative error.
 
 Usage (GPU machine, repo root; libraries built for this GPU):
     python3 benchmarks/ab_libs.py --libs base=/tmp/a.so,new=/tmp/b.so --shapes 4096x28672,14336x4096 \\
