@@ -84,6 +84,19 @@ def summarize(records: list[dict], libs: list[str]) -> str:
     return "\n".join(lines)
 
 
+def measure(calls: list, x, ref, label: str) -> tuple[float, float] | None:
+    """(µs per call over calls, relative error of calls[0]'s output against ref), timed as
+    bench_kbit.timed times; None, reported on stderr, where the path does not take this layer or M."""
+    import bench_kbit
+
+    try:
+        y = calls[0]().float()
+        return bench_kbit.timed(calls, x), ((y - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    except Exception as e:  # report, keep going
+        print(f"# {label}: {e}", file=sys.stderr, flush=True)
+        return None
+
+
 def run_child(args: argparse.Namespace) -> None:
     """Time every (shape, k, M, path) under the library this process loaded; print PREFIX lines."""
     import functools
@@ -100,6 +113,8 @@ def run_child(args: argparse.Namespace) -> None:
 
     if not library.STATUS.loaded:  # the op would run the PyTorch path and time that instead
         raise SystemExit(f"ab_libs: library {args.child}: {library.STATUS}")
+    bench_kbit.BEHIND_WRITER = not args.no_writer
+    torch.manual_seed(0)
     if args.moe:
         run_child_moe(args)
         return
@@ -114,9 +129,7 @@ def run_child(args: argparse.Namespace) -> None:
             return ops.kbit_linear(x, c[0], c[1], cb, None, k, out_f)
         return cuda_ops.linear_path(x, c[0], c[1], cb, None, k, out_f, path)
 
-    bench_kbit.BEHIND_WRITER = not args.no_writer
     dt = getattr(torch, args.dtype)
-    torch.manual_seed(0)
     ks = [4] if args.awq else [int(v) for v in args.ks.split(",")]
     for in_f, out_f in parse_shapes(args.shapes):
         w = torch.randn(out_f, in_f, device="cuda", dtype=dt) * 0.05
@@ -133,13 +146,11 @@ def run_child(args: argparse.Namespace) -> None:
                 x = torch.randn(m, in_f, device="cuda", dtype=dt)
                 ref = call(x, base, "dequant", cb, k, out_f).float()
                 for path in args.paths.split(","):
-                    try:
-                        y = call(x, base, path, cb, k, out_f).float()
-                        err = ((y - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-                        us = bench_kbit.timed([functools.partial(call, x, c, path, cb, k, out_f) for c in copies], x)
-                    except Exception as e:  # a path this layer or M does not take: report, keep going
-                        print(f"# {in_f}x{out_f} k={k} M={m} {path}: {e}", file=sys.stderr, flush=True)
+                    got = measure([functools.partial(call, x, c, path, cb, k, out_f) for c in copies], x, ref,
+                                  f"{in_f}x{out_f} k={k} M={m} {path}")
+                    if got is None:
                         continue
+                    us, err = got
                     rec = {"lib": args.child, "shape": f"{in_f}x{out_f}", "k": "awq" if args.awq else k,
                            "m": m, "path": path, "us": us, "err": err}
                     print(PREFIX + json.dumps(rec), flush=True)
@@ -150,14 +161,11 @@ def run_child(args: argparse.Namespace) -> None:
 def run_child_moe(args: argparse.Namespace) -> None:
     """The grouped kernels (or the grouped op) on bench_moe.py's scenarios, as run_child does dense
     layers; the grouped MMA of the same library is the error reference."""
-    import bench_kbit
     import bench_moe
     import torch
 
-    bench_kbit.BEHIND_WRITER = not args.no_writer
     dt = torch.float16 if args.awq else getattr(torch, args.dtype)  # bench_moe's awq stacks are fp16 layouts
     gen = torch.Generator().manual_seed(0)
-    torch.manual_seed(0)
     fmts = ["awq"] if args.awq else [f"k{v}" for v in args.ks.split(",")]
     scens = {s[0]: s for s in bench_moe.SCENARIOS}
     for name in args.moe.split(","):
@@ -176,13 +184,10 @@ def run_child_moe(args: argparse.Namespace) -> None:
                     ref = st.call(cps[0], x, offs, "mma")().float()
                     for path in args.paths.split(","):
                         p = None if path == "op" else path
-                        try:
-                            y = st.call(cps[0], x, offs, p)().float()
-                            err = ((y - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-                            us = bench_kbit.timed([st.call(c, x, offs, p) for c in cps], x)
-                        except Exception as e:  # report, keep going
-                            print(f"# {name} {shape} {f} T={t} {path}: {e}", file=sys.stderr, flush=True)
+                        got = measure([st.call(c, x, offs, p) for c in cps], x, ref, f"{name} {shape} {f} T={t} {path}")
+                        if got is None:
                             continue
+                        us, err = got
                         rec = {"lib": args.child, "shape": f"{name} {shape} {in_f}x{out_f}", "k": f, "m": t,
                                "path": path, "us": us, "err": err}
                         print(PREFIX + json.dumps(rec), flush=True)
