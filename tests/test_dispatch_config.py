@@ -185,6 +185,32 @@ def test_stream_k_grid() -> None:
     assert dispatch.stream_k_grid(132, 256, 16, 3.0, forced=True) == 16
 
 
+def test_gemv_rows_slice() -> None:
+    """The row-slice GEMV's slice: 32 rows, 64 where 32 would take more than one wave of three CTAs
+    an SM, halved while the grid fills under 0.7 of the SMs; none past one wave or past 16384 inputs."""
+    want = {512: 8, 2048: 16, 3072: 32, 4096: 32, 6144: 32, 8192: 32, 12672: 32, 12704: 64, 16384: 64,
+            25344: 64, 25408: 0, 28672: 0}
+    for out_f, rows in want.items():
+        assert dispatch.gemv_rows_slice(out_f, 64, H200_SMS) == rows, out_f
+    assert dispatch.gemv_rows_slice(4096, dispatch.ROWS_MAX_BLOCKS, H200_SMS) == 32
+    assert dispatch.gemv_rows_slice(4096, dispatch.ROWS_MAX_BLOCKS + 1, H200_SMS) == 0
+    assert dispatch.gemv_rows_slice(100, 4, H200_SMS) == 8
+
+
+def test_use_gemv_rows() -> None:
+    """M=1 layers that take the row-slice GEMV on an H200 (session 41): k=2 up to 16 M weights, or 32
+    M with at most 4096 inputs; k=3 up to 16 M with at most 3072 inputs; k=4 up to 16 M with at most
+    2048 inputs. Nowhere else, and on no other compute capability (not measured)."""
+    h200 = (9, 0)
+    yes = [(2, 8192, 2048), (2, 4096, 4096), (2, 4096, 6144), (2, 2048, 16384), (3, 3072, 5120), (3, 2048, 8192),
+           (4, 2048, 512), (4, 2048, 8192)]
+    no = [(2, 8192, 3072), (2, 14336, 4096), (3, 4096, 4096), (3, 2048, 16384), (4, 4096, 4096), (4, 3072, 5120),
+          (4, 2048, 16384), (5, 2048, 2048)]
+    assert all(dispatch.use_gemv_rows(k, i, o, h200) for k, i, o in yes)
+    assert not any(dispatch.use_gemv_rows(k, i, o, h200) for k, i, o in no)
+    assert not dispatch.use_gemv_rows(4, 2048, 2048, (8, 9))
+
+
 def test_stream_k_m1_ctas() -> None:
     """At M=1 the kbit stream-K GEMV runs two CTAs an SM where a wave of three gives each warp fewer
     than SK_M1_FULL_WAVE_FROM units (Llama-3-8B's qkv and down, not gate/up); a grid of two an SM or

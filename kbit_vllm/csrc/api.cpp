@@ -31,6 +31,9 @@ template <typename T>
 int gemv_sk_ctas_per_sm(int k, int M);
 int gemv_sk_warps(int k);
 template <typename T>
+int launch_gemv_rows(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int k,
+                     int M, int N, int nb, void* y, int rows, cudaStream_t s);
+template <typename T>
 int launch_mma(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int k, int M,
                int N, int nb, void* y, int mb, int tw, int variant, int ctas, int det, float* ws, int* counters,
                cudaStream_t s);
@@ -136,6 +139,12 @@ KBIT_DEQUANT_API(fp32, float)
                                        static_cast<cudaStream_t>(stream));                                \
     }                                                                                                     \
     int kbit_vllm_gemv_sk_ctas_per_sm_##SUFFIX(int k, int M) { return kbit::gemv_sk_ctas_per_sm<T>(k, M); } \
+    int kbit_vllm_gemv_rows_##SUFFIX(const void* x, const void* pt, const uint8_t* at, const float* cb,   \
+                                     const void* bias, int k, int M, int N, int nb, void* y, int rows,    \
+                                     void* stream) {                                                      \
+        return kbit::launch_gemv_rows<T>(x, pt, at, cb, bias, k, M, N, nb, y, rows,                       \
+                                         static_cast<cudaStream_t>(stream));                              \
+    }                                                                                                     \
     int kbit_vllm_mma_##SUFFIX(const void* x, const void* pt, const uint8_t* at, const float* cb,         \
                                const void* bias, int k, int M, int N, int nb, void* y, int mb, int tw,    \
                                int ctas, int det, float* ws, int* counters, void* stream) {               \

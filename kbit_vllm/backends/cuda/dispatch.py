@@ -81,6 +81,54 @@ def stream_k_m1_ctas(grid: int, sms: int, units: int, warps_per_cta: int) -> int
     return grid
 
 
+# The row-slice GEMV (csrc/kbit_gemv_rows.cu, M=1, k <= 4): a CTA of 8 warps owns a slice of
+# ROWS_SLICES output rows over the whole K (x staged whole: at most ROWS_MAX_BLOCKS input blocks),
+# so no partial sum leaves it: no workspace, no atomics, a fixed order of additions. It wins where
+# the stream-K GEMV's reduction and arrival are a large part of a short call, and loses where many
+# input blocks per slice wait on one load at a time (fewer bytes in flight than the stream-K GEMV's
+# whole units). H200 session 41, bf16 behind a writer, µs row-slice (best slice) / the op before
+# (stream-K or cluster GEMV), k = 4 / 3 / 2: 2048x512 3.1 / 4.7, 2.9 / 4.7, 2.8 / 4.6; 2048x2048
+# 4.4 / 5.0, 4.4 / 5.3, 4.1 / 5.2; 2048x3072 4.9 / 5.1, 5.0 / 5.4, 4.5 / 5.2; 2048x5120 6.0 / 6.6,
+# 6.1 / 7.0, 5.4 / 7.0; 2048x8192 6.3 / 7.1, 6.4 / 7.1, 5.7 / 7.0; 3072x5120 7.6 / 7.9, 7.7 / 8.6,
+# 6.6 / 8.5; 4096x4096 7.6 / 7.4, 7.6 / 7.5, 6.2 / 7.4; 8192x2048 8.3 / 8.9, 8.1 / 9.8, 6.5 / 9.5;
+# 4096x6144 9.2 / 8.7, 9.3 / 8.5, 7.7 / 8.0; 2048x16384 9.2 / 9.6, 9.2 / 8.9, 7.6 / 8.4; 8192x4096
+# 11.5 / 9.9, 11.6 / 9.2, 8.7 / 8.9; 14336x4096 18.6 / 13.3, 17.4 / 12.0, 13.4 / 11.1.
+# Rules (k, inputs at most, weights at most): the first one the layer meets takes the kernel.
+ROWS_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
+    (9, 0): ((2, 16384, 16 << 20), (2, 4096, 32 << 20), (3, 3072, 16 << 20), (4, 2048, 16 << 20)),
+}
+ROWS_SLICES = (8, 16, 32, 64)
+ROWS_CTAS_PER_SM = 3  # 8 warps, 79 registers, 64 KB table each
+ROWS_MAX_BLOCKS = 512  # kStagedXSlots: x staged whole in the table's unused halves
+# Slices of 32 rows measured best wherever they fill ~0.7 of the SMs (the same runs: 2048x3072 P = 8
+# / 16 / 32 / 64 5.8 / 5.4 / 4.9 / 6.4, 2048x8192 12.8 / 9.6 / 6.3 / 7.2); fewer CTAs than that want
+# smaller slices (2048x2048 4.8 / 4.4 / 4.7 / 6.3, 2048x512 3.1 / 3.4 / 3.8 / 5.5), more than one
+# wave larger ones (2048x16384 - / 14.8 / 11.2 / 9.2).
+ROWS_MIN_SM_FILL = 0.7
+
+
+def gemv_rows_slice(out_features: int, nb: int, sms: int) -> int:
+    """Output rows per CTA of the row-slice GEMV (8, 16, 32 or 64): 32, or 64 where 32 would take
+    more than one wave, halved while the grid fills fewer than ROWS_MIN_SM_FILL of the SMs; 0 where
+    no slice fits one wave or x (nb blocks) does not fit its staging slots."""
+    if nb > ROWS_MAX_BLOCKS or out_features <= 0 or sms <= 0:
+        return 0
+    fits = [r for r in ROWS_SLICES if r >= 32 and -(-out_features // r) <= ROWS_CTAS_PER_SM * sms]
+    if not fits:
+        return 0
+    rows = fits[0]
+    while rows > ROWS_SLICES[0] and -(-out_features // rows) < ROWS_MIN_SM_FILL * sms:
+        rows //= 2
+    return rows
+
+
+def use_gemv_rows(k: int, in_features: int, out_features: int, capability: tuple[int, int]) -> bool:
+    """Whether an M=1 kbit linear takes the row-slice GEMV (ROWS_RULES) on this compute capability."""
+    weights = in_features * out_features
+    return any(k == kk and in_features <= max_in and weights <= max_w
+               for kk, max_in, max_w in ROWS_RULES.get(capability, ()))
+
+
 # The MMA kernel variant the "mma" path runs from MMA_VARIANT_MIN_M rows (csrc/kbit_mma.cu MmaVar;
 # its 32-row tile wins even at M=5: 4096x28672 54.4 / 49.3, 14336x4096 29.2 / 28.7, 4096x6144
 # 17.5 / 16.8 µs default / v2). H200 2026-11-21 session 4, k=4 fp16, µs default / v2

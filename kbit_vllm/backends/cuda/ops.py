@@ -323,14 +323,34 @@ def gemv_tc_ctas(dev: torch.device, sfx: str, k: int, m: int, out_features: int,
     return min(_TC_OCC[key] * _sms(dev), max(1, units // (TC_WARPS * TC_MIN_UNITS)))
 
 
+def gemv_rows(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch.Tensor, codebook: torch.Tensor,
+              bias: torch.Tensor | None, k: int, out_features: int, y: torch.Tensor, rows: int = 0) -> torch.Tensor:
+    """y = x2 W^T (+ bias) through the row-slice GEMV (csrc/kbit_gemv_rows.cu): M=1, k <= 4, rows
+    output rows per CTA (0: dispatch.gemv_rows_slice's choice)."""
+    m, in_f = x2.shape
+    nb = in_f // 32
+    dev = x2.device
+    if not rows:
+        rows = dispatch.gemv_rows_slice(out_features, nb, _sms(dev))
+    if m != 1 or k > 4 or nb > dispatch.ROWS_MAX_BLOCKS or rows not in dispatch.ROWS_SLICES:
+        raise ValueError(f"kbit_linear gemv_rows path takes M=1, k <= 4, at most {dispatch.ROWS_MAX_BLOCKS * 32} "
+                         f"inputs and a slice of {dispatch.ROWS_SLICES} rows that fits one wave, got M={m}, k={k}, "
+                         f"in={in_f}, out={out_features}, rows={rows}")
+    check(getattr(LIB, f"kbit_vllm_gemv_rows_{_ACT_FN[x2.dtype]}")(
+        _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(bias), _i(k), _i(m),
+        _i(out_features), _i(nb), _ptr(y), _i(rows), _stream(dev)), "kbit_linear (gemv_rows)")
+    return y
+
+
 def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch.Tensor, codebook: torch.Tensor,
                 bias: torch.Tensor | None, k: int, out_features: int, path: str) -> torch.Tensor:
     """y [M, out] for a contiguous 2-D fp16/bf16 x through one named kernel path.
 
     Public so tests and benchmarks can exercise every path; kbit_linear picks the path itself.
-    "gemv" is the stream-K table GEMV where the layer has enough units (SK_MIN_UNITS, k = 5:
-    SK_MIN_UNITS_K5; outside deterministic mode), else the cluster GEMV; "gemv_sk" and
-    "gemv_cluster" name one of them.
+    "gemv" is the row-slice GEMV at M=1 where dispatch.use_gemv_rows takes it, else the stream-K
+    table GEMV where the layer has enough units (SK_MIN_UNITS, k = 5: SK_MIN_UNITS_K5; outside
+    deterministic mode), else the cluster GEMV; "gemv_rows" (auto slice) / "gemv_rows8".."gemv_rows64",
+    "gemv_sk" and "gemv_cluster" name one of them.
     "mma" is the stream-K tensor-core kernel (dispatch.mma_variant(m)) with its default row-tile
     width; "mma_tw1" and "mma_tw2" force the default kernel at 128 or 256 features per row tile;
     "mma_v1".. force a kernel variant (MMA_VARIANTS). "wgmma" is the Hopper kernel (wgmma_ok);
@@ -350,8 +370,17 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
     y = torch.empty((m, out_features), dtype=x2.dtype, device=dev)
     if m == 0:
         return y
+    if path.startswith("gemv_rows"):
+        tail = path[len("gemv_rows"):]
+        return gemv_rows(x2, packed_tiled, absmax_tiled, codebook, bias, k, out_features, y,
+                         int(tail) if tail.isdigit() else 0 if not tail else -1)
     if path in ("gemv", "gemv_sk", "gemv_cluster") and m > dispatch.GEMV_MAX_M:
         raise ValueError(f"kbit_linear {path} path takes M <= {dispatch.GEMV_MAX_M}, got {m}")
+    cap = torch.cuda.get_device_capability(dev)
+    if path == "gemv" and m == 1 and dispatch.use_gemv_rows(k, in_f, out_features, cap):
+        rows = dispatch.gemv_rows_slice(out_features, nb, _sms(dev))
+        if rows:  # deterministic too: its sums meet in a fixed order
+            return gemv_rows(x2, packed_tiled, absmax_tiled, codebook, bias, k, out_features, y, rows)
     use_sk = (path == "gemv" and not dispatch.deterministic()) or path == "gemv_sk"
     ctas = gemv_sk_ctas(dev, sfx, k, m, out_features, nb, forced=path == "gemv_sk") if use_sk else 0
     if path == "gemv_sk" and ctas == 0:
