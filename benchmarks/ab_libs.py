@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -69,7 +70,8 @@ def summarize(records: list[dict], libs: list[str]) -> str:
             keys.append(key)
             cells[key] = {}
         cells[key].setdefault(r["lib"], []).append(r["us"])
-        errs[key] = max(errs.get(key, 0.0), r["err"])
+        err = r["err"] if r["err"] == r["err"] else math.inf  # a NaN output must not vanish in max()
+        errs[key] = max(errs.get(key, 0.0), err)
     head = "| layer | k | M | path | " + " | ".join(f"{n} µs" for n in libs)
     head += "".join(f" | {n} / {libs[0]}" for n in libs[1:]) + " | max rel. err |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]

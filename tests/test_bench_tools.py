@@ -40,6 +40,14 @@ def test_summarize_rows_rounds_and_ratios() -> None:
     assert lines[3] == "| 4096x6144 | 2 | 32 | op | 10.00 | - | - | 1.0e-03 |"  # a library with no time
 
 
+def test_summarize_keeps_a_nan_error_visible() -> None:
+    """A NaN output (err NaN) in any round shows as inf in the row's error, whatever its position:
+    max(0.0, nan) is 0.0 in Python, which hid a broken build's NaNs once (session 41)."""
+    for errs in ((0.0, float("nan")), (float("nan"), 0.0)):
+        rec = [{"lib": "new", "shape": "768x2048", "k": 4, "m": 64, "path": "op", "us": 56.0, "err": e} for e in errs]
+        assert ab_libs.summarize(rec, ["new"]).splitlines()[2].endswith("| inf |")
+
+
 def test_parent_reports_a_failed_child(tmp_path: Path) -> None:
     """A library that cannot run (here not a library at all) ends in a message and an empty table,
     not a traceback of the parent."""

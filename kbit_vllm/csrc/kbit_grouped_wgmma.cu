@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
         for (int s = 0; s < S::kAhead && s < n; ++s)
             for (int part = 0; part < S::kLoadParts; ++part) load_part(s, part);
     }
-    kw_build_tables<K, T, C5>(tbl, codebook, tid);
+    kw_build_tables<K, T, C5, S::kWide>(tbl, codebook, tid);
     __syncthreads();
 
     const KwLane L = KwLane::make<C5>(tid);
