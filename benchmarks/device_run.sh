@@ -22,7 +22,7 @@ STEPS=${STEPS:-tests bench_kbit}
 TESTS=${TESTS:-tests/test_cuda_kbit.py tests/test_cuda_awq.py tests/test_cuda_moe.py tests/test_cuda_moe_glue.py
   tests/test_cuda_moe_experts.py tests/test_cuda_pdl.py
   tests/test_moe_compute.py tests/test_hf_kbit.py tests/test_hf_awq.py tests/test_hf_moe.py tests/test_hf_awq_moe.py
-  tests/test_fuzz.py}
+  tests/test_fuzz.py tests/test_cuda_gemv_rows.py}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "from kbit_vllm.backends.cuda import library; print(library.STATUS)" | tee -a "$OUT/gpu.txt"
 git rev-parse --short HEAD 2>/dev/null | sed 's/^/commit: /' | tee -a "$OUT/gpu.txt"

@@ -344,6 +344,8 @@ class Runner:
             # shared memory on this GPU (as the GPU tests ask)
             if m <= 4 and cops.gemv_sk_ctas(torch.device(dev), SUFFIX[dtype], k, m, out_f, in_f // 32, forced=True):
                 paths.append("gemv_sk")
+            if m == 1 and k <= 4 and in_f // 32 <= cops.dispatch.ROWS_MAX_BLOCKS:
+                paths.append("gemv_rows")  # the row-slice GEMV (fixed order: deterministic)
             for path in paths:
                 # "gemv_sk" forces the stream-K GEMV, whose float atomics vary run to run by design
                 # (deterministic mode never picks it); every other path must honour the mode.

@@ -37,7 +37,8 @@ def m_ranges(choose: Callable[[int], str], names: dict[str, str]) -> list[str]:
     return out
 
 
-KBIT_NAMES = {"gemv": "GEMV (shared-memory codebook decode, split-K)",
+KBIT_NAMES = {"gemv": "GEMV (shared-memory codebook decode, split-K; at M=1 on small layers the row-slice "
+                     "GEMV, no split: dispatch.ROWS_RULES)",
               "gemv_tc": "Hopper tensor-core GEMV (up to M = 3..8 on large layers, fewer rows on smaller "
                          "ones; dispatch.TC_ROWS, TC_ROWS_K4)",
               "mma": "tensor-core MMA (split-K)",
