@@ -67,7 +67,8 @@ def kbit(dtype: torch.dtype) -> None:
         torch.cuda.synchronize()
         assert torch.equal(p2, p) and torch.equal(a2, a), "repack/unrepack round trip"
         print("ok   kbit_repack / kbit_unrepack", flush=True)
-    for m, paths in ((1, ("gemv_sk", "gemv_cluster")), (3, ("gemv_sk", "gemv_cluster")), (16, ("mma",)),
+    for m, paths in ((1, ("gemv_sk", "gemv_cluster", "gemv_rows8", "gemv_rows32")), (3, ("gemv_sk", "gemv_cluster")),
+                     (16, ("mma",)),
                      (40, ("mma",)), (64, ("dequant",))):
         x = torch.randn(m, in_f, generator=g).to(dtype).to(DEV)
         bias = torch.randn(out_f, generator=g).to(dtype).to(DEV)

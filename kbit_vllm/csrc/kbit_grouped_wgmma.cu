@@ -54,13 +54,17 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
     const int xrow0 = item.row0 + item.sub * R;
     // Blocks before this row tile's first layout tile of this expert.
     const size_t blk0 = (static_cast<size_t>(item.expert) * n_tiles + static_cast<size_t>(t) * TW) * nb;
-    // The table, then the slots on 1024-byte boundaries (the swizzle atom of the x boxes).
+    // The tables, then the slots on 1024-byte boundaries (the swizzle atom of the x boxes). The 64 KB
+    // pair table (WgCfg::kWide, 16-row tiles) sits at the start of shared memory, a constant address,
+    // so a lookup is the byte permute and one load; the compact tables start at the first 1024-byte
+    // boundary (at the start they measured 0-2% slower, RESULTS.md session 41).
     const uint32_t raw_s = ptx::smem_u32(smem_raw);
-    const uint32_t smem_s = (raw_s + 1023u) & ~1023u;
+    const uint32_t smem_s = S::kWide ? raw_s : (raw_s + 1023u) & ~1023u;  // the tables
     unsigned char* smem_wg = smem_raw + (smem_s - raw_s);
     uint32_t* tbl = reinterpret_cast<uint32_t*>(smem_wg);
-    const unsigned char* stages = smem_wg + S::kSlotsOff;
-    const uint32_t slots_s = smem_s + S::kSlotsOff, bars = smem_s + S::kBarOff;
+    const uint32_t slots_s = S::kWide ? (raw_s + S::kLutBytes + 1023u) & ~1023u : smem_s + S::kSlotsOff;
+    const unsigned char* stages = S::kWide ? smem_raw + (slots_s - raw_s) : smem_wg + S::kSlotsOff;
+    const uint32_t bars = S::kWide ? slots_s + (S::kBarOff - S::kSlotsOff) : smem_s + S::kBarOff;
     // Part `part` of stage st0 + s into its slot (kw_load_part).
     auto load_part = [&](int s, int part) {
         const int st = st0 + s, slot = s % S::kSlots;

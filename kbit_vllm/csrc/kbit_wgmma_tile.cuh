@@ -62,8 +62,10 @@ struct WgCfg {
     // session 40, bf16 behind a writer, µs compact / wide (R = 32 then runs 3 slots): k=4 M=16
     // 4096x28672 35.2 / 33.2, 14336x4096 20.7 / 19.4, 4096x6144 12.2 / 11.8; M=32 41.3 / 39.0, 23.9 /
     // 22.3, 14.8 / 14.8; k=2 M=16 14336x4096 20.8 / 18.3, k=3 21.5 / 18.6. The table does not fit
-    // beside 3 slots at R = 64.
-    static constexpr bool kWide = kDense && K <= 4 && R <= 32;
+    // beside 3 slots at R = 64. The grouped kernel takes it at R = 16 (4 slots beside it, was 6): H200
+    // session 41, qwen128 (128 experts) op µs, k=4 gate T=64 / 128 54.7 / 56.0 -> 52.0 / 52.6, down
+    // 57.3 / 57.9 -> 53.5 / 54.0, k=2 5-8% alike; at R = 32 it lost (session 40: gate T=256 +3%).
+    static constexpr bool kWide = K <= 4 && (kDense ? R <= 32 : R == 16);
     static constexpr int kLutBytes = kw_pair_words(K, C5, kWide) * 4 + 256 * 4;   // pair table + scale table
     static constexpr int kTileWords = kWgBK * K * kTileN;          // plane words of one layout tile per stage
     static constexpr int kBWords = kTW * kTileWords;               // [tile][block][plane][128]
@@ -79,8 +81,9 @@ struct WgCfg {
     // runs 4 slots at R <= 32 and 3 at R = 64: H200 session 39, bf16 k=4 behind a writer, µs with the
     // deeper / shallower rings, M=16 4096x28672 37.7 / 36.0, 14336x4096 21.6 / 20.6, 4096x6144 13.1 /
     // 12.2; M=32 42.6 / 41.1, 25.1 / 23.9; M=64 52.0 / 51.1, 31.3 / 30.4, 4096x6144 19.4 / 19.6; 3 slots
-    // at R = 128 lost (4096x28672 M=128 72.9 / 74.8, M=256 111.7 / 121.7). R = 32 with the wide table: 3.
-    static constexpr int kSlotsCap = kDense && K <= 4 && R <= 64 ? (R == 16 ? 4 : 3) : R >= 64 ? 4 : 6;
+    // at R = 128 lost (4096x28672 M=128 72.9 / 74.8, M=256 111.7 / 121.7). R = 32 with the wide table: 3;
+    // the grouped kernel's R = 16 with it: 4.
+    static constexpr int kSlotsCap = K <= 4 && (kDense ? R <= 64 : R == 16) ? (R == 16 ? 4 : 3) : R >= 64 ? 4 : 6;
     static constexpr int kSlots = (K <= 4 && R <= 64) || kSlotsFit > kSlotsCap ? kSlotsCap : kSlotsFit;
     static constexpr int kAhead = kSlots - 2;  // stages loaded ahead: the wgmmas read x until 2 stages later
     // Both k16 halves' table words looked up before a block's first wgmma wait (kw_stage): at one
