@@ -376,8 +376,8 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
                          int(tail) if tail.isdigit() else 0 if not tail else -1)
     if path in ("gemv", "gemv_sk", "gemv_cluster") and m > dispatch.GEMV_MAX_M:
         raise ValueError(f"kbit_linear {path} path takes M <= {dispatch.GEMV_MAX_M}, got {m}")
-    cap = torch.cuda.get_device_capability(dev)
-    if path == "gemv" and m == 1 and dispatch.use_gemv_rows(k, in_f, out_features, cap):
+    if path == "gemv" and m == 1 and dispatch.use_gemv_rows(k, in_f, out_features,
+                                                             torch.cuda.get_device_capability(dev)):
         rows = dispatch.gemv_rows_slice(out_features, nb, _sms(dev))
         if rows:  # deterministic too: its sums meet in a fixed order
             return gemv_rows(x2, packed_tiled, absmax_tiled, codebook, bias, k, out_features, y, rows)
