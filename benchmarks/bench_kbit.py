@@ -138,7 +138,9 @@ def bench_shape(name: str, in_f: int, out_f: int, ks: list[int], ms: list[int], 
             x = torch.randn(m, in_f, device="cuda", dtype=dt)
             r = {"shape": name, "in": in_f, "out": out_f, "k": k, "M": m}
             small = m <= dispatch.GEMV_MAX_M
-            paths = (["gemv_sk", "gemv_cluster"] if small else []) + [
+            sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+            rows_slice = m == 1 and k <= 4 and dispatch.gemv_rows_slice(out_f, in_f // 32, sms) > 0
+            paths = (["gemv_sk", "gemv_cluster"] if small else []) + (["gemv_rows"] if rows_slice else []) + [
                 "gemv_tc", "mma"] + (MMA_VARIANT_PATHS if mma_variants else []) + ["wgmma"] + (
                 ["dequant"] if m >= 8 else [])
             for path in paths:
@@ -205,16 +207,18 @@ def fmt(v) -> str:
 def print_tables(rows: list[dict]) -> None:
     for m in sorted({r["M"] for r in rows}):
         print(f"\n### M = {m} (µs per call; best = fastest of our kernels)\n")
-        print("| shape (in x out) | k | gemv (stream-K) | gemv (cluster) | gemv (tensor core) | mma | wgmma "
-              "| dequant+cuBLAS | op | cuBLAS fp16 | tinygemm int4 | best | vs fp16 | floor | best/floor |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        print("| shape (in x out) | k | gemv (stream-K) | gemv (cluster) | gemv (row-slice) | gemv (tensor core) | mma "
+              "| wgmma | dequant+cuBLAS | op | cuBLAS fp16 | tinygemm int4 | best | vs fp16 | floor | best/floor |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             if r["M"] != m:
                 continue
-            best = min(r[p] for p in ("gemv_sk", "gemv_cluster", "gemv_tc", "mma", "wgmma", "dequant") if p in r)
+            best = min(r[p] for p in ("gemv_sk", "gemv_cluster", "gemv_rows", "gemv_tc", "mma", "wgmma", "dequant")
+                       if p in r)
             r["best"] = best
             print(f"| {r['shape']} {r['in']}x{r['out']} | {r['k']} | {fmt(r.get('gemv_sk'))} | "
-                  f"{fmt(r.get('gemv_cluster'))} | {fmt(r.get('gemv_tc'))} | {fmt(r.get('mma'))} | "
+                  f"{fmt(r.get('gemv_cluster'))} | {fmt(r.get('gemv_rows'))} | {fmt(r.get('gemv_tc'))} | "
+                  f"{fmt(r.get('mma'))} | "
                   f"{fmt(r.get('wgmma'))} | "
                   f"{fmt(r.get('dequant'))} | {fmt(r['op'])} | {fmt(r['cublas_fp16'])} | "
                   f"{fmt(r.get('tinygemm_int4'))} | {best:.1f} | {r['cublas_fp16'] / best:.2f}x | "

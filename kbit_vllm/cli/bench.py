@@ -17,8 +17,9 @@ from pathlib import Path
 from ._common import repo_root
 
 # Our kernel paths as the benchmarks name them, in plot order.
-PATHS = ("gemv", "gemv_sk", "gemv_cluster", "mma", "dequant", "op")
-LABELS = {"gemv": "GEMV", "gemv_sk": "GEMV (stream-K)", "gemv_cluster": "GEMV (cluster)", "mma": "MMA",
+PATHS = ("gemv", "gemv_sk", "gemv_cluster", "gemv_rows", "mma", "dequant", "op")
+LABELS = {"gemv": "GEMV", "gemv_sk": "GEMV (stream-K)", "gemv_cluster": "GEMV (cluster)",
+          "gemv_rows": "GEMV (row-slice)", "mma": "MMA",
           "dequant": "dequant + cuBLAS",
           "op": "op (dispatched)", "cublas_fp16": "cuBLAS fp16", "floor": "bandwidth floor"}
 
