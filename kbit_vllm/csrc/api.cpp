@@ -50,6 +50,9 @@ int launch_gemv_tc(const void* x, const void* pt, const uint8_t* at, const float
                    int N, int nb, void* y, int ctas, float* ws, int* counters, cudaStream_t s);
 template <typename T>
 int gemv_tc_ctas_per_sm(int k);
+int launch_stream_read(const void* src, long long bytes, uint32_t* sink, int ctas, int unroll, int wait_first,
+                       cudaStream_t stream);
+int stream_read_ctas_per_sm(int unroll);
 }
 
 namespace kbit {
@@ -186,5 +189,14 @@ KBIT_LINEAR_API(bf16, __nv_bfloat16)
 int kbit_vllm_mma_stage_blocks(int variant) { return kbit::mma_stage_blocks(variant); }
 // Warps per CTA of the stream-K GEMVs, dense and grouped, at k bits; 0 for other k.
 int kbit_vllm_gemv_sk_warps(int k) { return kbit::gemv_sk_warps(k); }
+
+// The read-only stream of stream_read.cu (a measured floor for the benchmarks): `bytes` (a multiple
+// of 16) from 16-byte-aligned src by `ctas` CTAs with `unroll` (2, 4, 8) loads a thread in flight, after
+// the kernel before it (PDL) when wait_first; CTA b writes the XOR of the words it read to sink[b].
+int kbit_vllm_stream_read(const void* src, long long bytes, uint32_t* sink, int ctas, int unroll, int wait_first,
+                          void* stream) {
+    return kbit::launch_stream_read(src, bytes, sink, ctas, unroll, wait_first, static_cast<cudaStream_t>(stream));
+}
+int kbit_vllm_stream_read_ctas_per_sm(int unroll) { return kbit::stream_read_ctas_per_sm(unroll); }
 
 }  // extern "C"
