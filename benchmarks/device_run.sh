@@ -10,6 +10,7 @@
 #   bench_moe   benchmarks/bench_moe.py $BENCH_MOE_ARGS
 #   bench_moe_layer  benchmarks/bench_moe_layer.py $BENCH_MOE_LAYER_ARGS (whole Qwen3-MoE layers, with variants)
 #   bench_moe_experts  benchmarks/bench_moe_experts.py $BENCH_MOE_EXPERTS_ARGS (kbit_moe_experts: one kernel / five ops / fp16)
+#   bench_floor benchmarks/bench_floor.py $BENCH_FLOOR_ARGS (the read of each layer's weights against the targets)
 #   exp_rows    benchmarks/exp_wgmma_rows.py $EXP_ROWS_ARGS (issue 3: the wgmma kernel at each row tile past 64 rows)
 #   ncu         benchmarks/profile_ncu.sh over NCU_CONFIGS ("in out k path m;in out k path m")
 #   ab          benchmarks/ab_libs.py $AB_ARGS: library builds A/B, e.g. AB_ARGS="--libs base=/tmp/a.so,new=/tmp/b.so
@@ -22,7 +23,7 @@ STEPS=${STEPS:-tests bench_kbit}
 TESTS=${TESTS:-tests/test_cuda_kbit.py tests/test_cuda_awq.py tests/test_cuda_moe.py tests/test_cuda_moe_glue.py
   tests/test_cuda_moe_experts.py tests/test_cuda_pdl.py
   tests/test_moe_compute.py tests/test_hf_kbit.py tests/test_hf_awq.py tests/test_hf_moe.py tests/test_hf_awq_moe.py
-  tests/test_fuzz.py tests/test_cuda_gemv_rows.py}
+  tests/test_fuzz.py tests/test_cuda_gemv_rows.py tests/test_cuda_stream_read.py}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "from kbit_vllm.backends.cuda import library; print(library.STATUS)" | tee -a "$OUT/gpu.txt"
 git rev-parse --short HEAD 2>/dev/null | sed 's/^/commit: /' | tee -a "$OUT/gpu.txt"
@@ -45,6 +46,8 @@ for step in $STEPS; do
              > "$OUT/bench_moe_layer.log" 2>&1 ;;
     bench_moe_experts) timeout 200 python3 benchmarks/bench_moe_experts.py $BENCH_MOE_EXPERTS_ARGS \
              > "$OUT/bench_moe_experts.log" 2>&1 ;;
+    bench_floor) timeout 300 python3 benchmarks/bench_floor.py --json "$OUT/bench_floor.json" $BENCH_FLOOR_ARGS \
+             > "$OUT/bench_floor.log" 2>&1 ;;
     exp_rows) timeout 300 python3 benchmarks/exp_wgmma_rows.py --json "$OUT/exp_rows.json" \
              $EXP_ROWS_ARGS > "$OUT/exp_rows.log" 2>&1 ;;
     ab) timeout 450 python3 benchmarks/ab_libs.py $AB_ARGS --json "$OUT/ab.json" > "$OUT/ab.log" 2>&1 ;;
