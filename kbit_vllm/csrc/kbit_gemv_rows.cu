@@ -17,6 +17,10 @@
 // consecutive blocks, and the slices of one tile (other CTAs) read the rest of the same units.
 // Every CTA stages all of x (nb <= kStagedXSlots blocks) as fp16 times one power of two in the wide
 // table's unused right halves (staged_x_word), as the stream-K GEMV stages its units' x.
+// Loads: D = 1 keeps one block a lane group in flight beside the one it sums (79 registers, three CTAs
+// an SM); D = 4 requests a lane group's blocks four at a time, the first four before pdl_wait, so a
+// slice with up to four blocks a group waits on one DRAM round trip instead of one a block (125
+// registers, two CTAs an SM). k = 4 on 3072+ inputs takes D = 4 (rows_depth below).
 #include "kbit_sk.cuh"
 #include "pdl.cuh"
 
@@ -26,12 +30,13 @@ namespace kbit {
 
 constexpr int kRowsWarps = kSkWarps;  // warps per CTA (three CTAs an SM beside the 64 KB table)
 
-template <typename T, int K, int P>
-__global__ void __launch_bounds__(kRowsWarps * 32, 3)
+template <typename T, int K, int P, int D>
+__global__ void __launch_bounds__(kRowsWarps * 32, D == 1 ? 3 : 2)
     gemv_rows_kernel(const T* __restrict__ x, const uint4* __restrict__ packed_t, const uint32_t* __restrict__ absmax_t,
                      const float* __restrict__ codebook, const T* __restrict__ bias, T* __restrict__ y, int N, int nb) {
     static_assert(K >= 2 && K <= 4, "the row-slice GEMV runs on the wide table (k <= 4)");
     static_assert(P == 8 || P == 16 || P == 32 || P == 64, "a slice is a half to a sixteenth of a layout tile");
+    static_assert(D == 1 || D == 4, "one block in flight beside the summed one, or four requested together");
     constexpr int W = kRowsWarps;
     constexpr int LPG = P / 4;         // lanes per group (a slice's rows)
     constexpr int G = 32 / LPG;        // lane groups per warp (blocks side by side)
@@ -56,9 +61,13 @@ __global__ void __launch_bounds__(kRowsWarps * 32, 3)
     pdl_trigger();
     const float cbl = lane_codebook<K>(codebook, lane);
     int blk = warp * G + grp;
-    uint4 p[K];
-    uint32_t a = 0;
-    if (blk < nb) load(blk, p, a);
+    uint4 pb[D][K];  // D = 1: the block summed next; D = 4: the batch
+    uint32_t ab[D];
+#pragma unroll
+    for (int d = 0; d < D; ++d) {
+        ab[d] = 0;
+        if (blk + d * kStride < nb) load(blk + d * kStride, pb[d], ab[d]);
+    }
     sk_build_table<K>(tbl, cbl, W * 32);
     pdl_wait();
 
@@ -90,15 +99,31 @@ __global__ void __launch_bounds__(kRowsWarps * 32, 3)
     const char* tblc = reinterpret_cast<const char*>(tbl);
     const int xoff[1] = {0};
     float acc[4][1] = {{0.f}, {0.f}, {0.f}, {0.f}};
-    for (; blk < nb; blk += kStride) {
-        uint4 pn[K];
-        uint32_t an = 0;
-        if (blk + kStride < nb) load(blk + kStride, pn, an);
-        sk_unit<T, K, 1, false, true>(p, a, reinterpret_cast<const uint4*>(tbl + staged_x_word(blk)), xoff, tblc,
-                                      lane4, acc);
+    if constexpr (D == 1) {
+        for (; blk < nb; blk += kStride) {
+            uint4 pn[K];
+            uint32_t an = 0;
+            if (blk + kStride < nb) load(blk + kStride, pn, an);
+            sk_unit<T, K, 1, false, true>(pb[0], ab[0], reinterpret_cast<const uint4*>(tbl + staged_x_word(blk)), xoff,
+                                          tblc, lane4, acc);
 #pragma unroll
-        for (int b = 0; b < K; ++b) p[b] = pn[b];
-        a = an;
+            for (int b = 0; b < K; ++b) pb[0][b] = pn[b];
+            ab[0] = an;
+        }
+    } else {
+        for (int b0 = blk; b0 < nb; b0 += D * kStride) {
+            if (b0 != blk) {  // later batches: requested once the previous one is summed
+#pragma unroll
+                for (int d = 0; d < D; ++d)
+                    if (b0 + d * kStride < nb) load(b0 + d * kStride, pb[d], ab[d]);
+            }
+#pragma unroll
+            for (int d = 0; d < D; ++d)
+                if (b0 + d * kStride < nb)
+                    sk_unit<T, K, 1, false, true>(
+                        pb[d], ab[d], reinterpret_cast<const uint4*>(tbl + staged_x_word(b0 + d * kStride)), xoff,
+                        tblc, lane4, acc);
+        }
     }
 
     // The G groups' sums of each row (lanes LPG apart), then the W warps' in a fixed order.
@@ -118,10 +143,10 @@ __global__ void __launch_bounds__(kRowsWarps * 32, 3)
     }
 }
 
-template <typename T, int K, int P>
+template <typename T, int K, int P, int D>
 int launch_gemv_rows_kp(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int N,
                         int nb, void* y, cudaStream_t stream) {
-    auto kern = gemv_rows_kernel<T, K, P>;
+    auto kern = gemv_rows_kernel<T, K, P, D>;
     constexpr size_t smem = SkCfg<K>::kSmem;
     const cudaError_t attr =
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
@@ -136,14 +161,34 @@ int launch_gemv_rows_kp(const void* x, const void* pt, const uint8_t* at, const 
     KBIT_RETURN_LAUNCH_STATUS();
 }
 
+// Blocks a lane group requests together (the kernel's D): four at k = 4 from 96 input blocks, where
+// a slice's groups run 2-4 blocks each; one elsewhere, at three CTAs an SM (k = 2, 3 and smaller k = 4
+// layers lost 1-5% with four at two CTAs an SM). H200 session 42, bf16 behind a writer, µs D = 1 / 4,
+// k=4, best slice: 4096x2048 6.07 / 5.53, 5120x2048 6.98 / 6.28, 4096x4096 7.55 / 7.06, 8192x2048
+// 8.25 / 7.42, 3072x5120 7.63 / 7.46, 14336x4096 18.0 / 16.2; 2048x8192 6.41 / 6.72 (nb = 64).
+constexpr int kRowsDeepMinBlocks = 96;
+template <int K>
+constexpr int rows_depth(int nb) {
+    return K == 4 && nb >= kRowsDeepMinBlocks ? 4 : 1;
+}
+
+template <typename T, int K, int P>
+int launch_gemv_rows_p(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int N,
+                       int nb, void* y, cudaStream_t s) {
+    if constexpr (K == 4) {  // D = 4 is built for k = 4 only
+        if (rows_depth<K>(nb) == 4) return launch_gemv_rows_kp<T, K, P, 4>(x, pt, at, cb, bias, N, nb, y, s);
+    }
+    return launch_gemv_rows_kp<T, K, P, 1>(x, pt, at, cb, bias, N, nb, y, s);
+}
+
 template <typename T, int K>
 int launch_gemv_rows_k(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int N,
                        int nb, void* y, int rows, cudaStream_t s) {
     switch (rows) {
-        case 8: return launch_gemv_rows_kp<T, K, 8>(x, pt, at, cb, bias, N, nb, y, s);
-        case 16: return launch_gemv_rows_kp<T, K, 16>(x, pt, at, cb, bias, N, nb, y, s);
-        case 32: return launch_gemv_rows_kp<T, K, 32>(x, pt, at, cb, bias, N, nb, y, s);
-        case 64: return launch_gemv_rows_kp<T, K, 64>(x, pt, at, cb, bias, N, nb, y, s);
+        case 8: return launch_gemv_rows_p<T, K, 8>(x, pt, at, cb, bias, N, nb, y, s);
+        case 16: return launch_gemv_rows_p<T, K, 16>(x, pt, at, cb, bias, N, nb, y, s);
+        case 32: return launch_gemv_rows_p<T, K, 32>(x, pt, at, cb, bias, N, nb, y, s);
+        case 64: return launch_gemv_rows_p<T, K, 64>(x, pt, at, cb, bias, N, nb, y, s);
         default: return static_cast<int>(cudaErrorInvalidValue);
     }
 }
