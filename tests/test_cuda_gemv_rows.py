@@ -42,7 +42,7 @@ def _want(x: torch.Tensor, w64: torch.Tensor, bias: torch.Tensor | None) -> torc
 @pytest.mark.parametrize("rows", (8, 16, 32, 64))
 # (in, out): a padded last tile and slices past out (out = 200, 1000), one block (32), nb not a
 # multiple of the CTA's 128 / 64 / 32 / 16 blocks at once (4128), the staging limit (16384 inputs).
-# k=4 requests four blocks a lane group at a time from 96 blocks (kbit_gemv_rows.cu rows_depth): 3040
+# k = 3, 4 request four blocks a lane group at a time from 96 blocks (kbit_gemv_rows.cu rows_depth): 3040
 # inputs (95 blocks) run one at a time; 4128 and 16384 take more than one batch of four at some slices.
 @pytest.mark.parametrize("in_f,out_f", ((32, 200), (3040, 1000), (4128, 1000), (16384, 96), (4096, 4096)))
 def test_gemv_rows_against_reference(k, dtype, rows, in_f, out_f):

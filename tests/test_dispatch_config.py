@@ -199,14 +199,14 @@ def test_gemv_rows_slice() -> None:
 
 def test_use_gemv_rows() -> None:
     """M=1 layers that take the row-slice GEMV on an H200 (sessions 41, 42): k=2 up to 16 M weights, or
-    32 M with at most 4096 inputs; k=3 up to 16 M with at most 3072 inputs; k=4 up to 16 M with at most
-    8192 inputs (four blocks a lane group in flight from 3072). Nowhere else, and on no other compute
-    capability (not measured)."""
+    32 M with at most 4096 inputs; k = 3, 4 up to 16 M with at most 8192 inputs (four blocks a lane
+    group in flight from 3072). Nowhere else, and on no other compute capability (not measured)."""
     h200 = (9, 0)
     yes = [(2, 8192, 2048), (2, 4096, 4096), (2, 4096, 6144), (2, 2048, 16384), (3, 3072, 5120), (3, 2048, 8192),
-           (4, 2048, 512), (4, 2048, 8192), (4, 4096, 4096), (4, 3072, 5120), (4, 8192, 2048), (4, 5120, 2048)]
-    no = [(2, 8192, 3072), (2, 14336, 4096), (3, 4096, 4096), (3, 2048, 16384), (4, 4096, 6144), (4, 14336, 4096),
-          (4, 2048, 16384), (4, 16384, 1024), (5, 2048, 2048)]
+           (3, 4096, 4096), (3, 8192, 1024), (4, 2048, 512), (4, 2048, 8192), (4, 4096, 4096), (4, 3072, 5120),
+           (4, 8192, 2048), (4, 5120, 2048)]
+    no = [(2, 8192, 3072), (2, 14336, 4096), (3, 4096, 6144), (3, 2048, 16384), (3, 12288, 1024), (4, 4096, 6144),
+          (4, 14336, 4096), (4, 2048, 16384), (4, 16384, 1024), (5, 2048, 2048)]
     assert all(dispatch.use_gemv_rows(k, i, o, h200) for k, i, o in yes)
     assert not any(dispatch.use_gemv_rows(k, i, o, h200) for k, i, o in no)
     assert not dispatch.use_gemv_rows(4, 2048, 2048, (8, 9))

@@ -20,7 +20,7 @@
 // Loads: D = 1 keeps one block a lane group in flight beside the one it sums (79 registers, three CTAs
 // an SM); D = 4 requests a lane group's blocks four at a time, the first four before pdl_wait, so a
 // slice with up to four blocks a group waits on one DRAM round trip instead of one a block (125
-// registers, two CTAs an SM). k = 4 on 3072+ inputs takes D = 4 (rows_depth below).
+// registers, two CTAs an SM). k = 3, 4 on 3072+ inputs take D = 4 (rows_depth below).
 #include "kbit_sk.cuh"
 #include "pdl.cuh"
 
@@ -161,21 +161,23 @@ int launch_gemv_rows_kp(const void* x, const void* pt, const uint8_t* at, const 
     KBIT_RETURN_LAUNCH_STATUS();
 }
 
-// Blocks a lane group requests together (the kernel's D): four at k = 4 from 96 input blocks, where
-// a slice's groups run 2-4 blocks each; one elsewhere, at three CTAs an SM (k = 2, 3 and smaller k = 4
+// Blocks a lane group requests together (the kernel's D): four at k = 3, 4 from 96 input blocks,
+// where a slice's groups run 2-8 blocks each; one elsewhere, at three CTAs an SM (k = 2 and 2048-input
 // layers lost 1-5% with four at two CTAs an SM). H200 session 42, bf16 behind a writer, µs D = 1 / 4,
-// k=4, best slice: 4096x2048 6.07 / 5.53, 5120x2048 6.98 / 6.28, 4096x4096 7.55 / 7.06, 8192x2048
-// 8.25 / 7.42, 3072x5120 7.63 / 7.46, 14336x4096 18.0 / 16.2; 2048x8192 6.41 / 6.72 (nb = 64).
+// best slice: k=4 4096x2048 6.07 / 5.53, 5120x2048 6.98 / 6.28, 4096x4096 7.55 / 7.06, 8192x2048
+// 8.25 / 7.42, 3072x5120 7.63 / 7.46, 14336x4096 18.0 / 16.2; k=3 4096x2048 5.58 / 4.93, 8192x1024
+// 7.78 / 6.28, 4096x4096 7.69 / 6.95; k=4 2048x8192 (nb = 64) 6.41 / 6.72. Back to back the first
+// batch streams under the call before: k=4 4096x2048 6.6 / 3.8.
 constexpr int kRowsDeepMinBlocks = 96;
 template <int K>
 constexpr int rows_depth(int nb) {
-    return K == 4 && nb >= kRowsDeepMinBlocks ? 4 : 1;
+    return K >= 3 && nb >= kRowsDeepMinBlocks ? 4 : 1;
 }
 
 template <typename T, int K, int P>
 int launch_gemv_rows_p(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int N,
                        int nb, void* y, cudaStream_t s) {
-    if constexpr (K == 4) {  // D = 4 is built for k = 4 only
+    if constexpr (K >= 3) {  // D = 4 is built for k = 3, 4 only
         if (rows_depth<K>(nb) == 4) return launch_gemv_rows_kp<T, K, P, 4>(x, pt, at, cb, bias, N, nb, y, s);
     }
     return launch_gemv_rows_kp<T, K, P, 1>(x, pt, at, cb, bias, N, nb, y, s);

@@ -93,18 +93,20 @@ def stream_k_m1_ctas(grid: int, sms: int, units: int, warps_per_cta: int) -> int
 # 6.6 / 8.5; 4096x4096 7.6 / 7.4, 7.6 / 7.5, 6.2 / 7.4; 8192x2048 8.3 / 8.9, 8.1 / 9.8, 6.5 / 9.5;
 # 4096x6144 9.2 / 8.7, 9.3 / 8.5, 7.7 / 8.0; 2048x16384 9.2 / 9.6, 9.2 / 8.9, 7.6 / 8.4; 8192x4096
 # 11.5 / 9.9, 11.6 / 9.2, 8.7 / 8.9; 14336x4096 18.6 / 13.3, 17.4 / 12.0, 13.4 / 11.1.
-# Session 42: at k = 4 from 3072 inputs the kernel requests a lane group's blocks four at a time
+# Session 42: at k = 3, 4 from 3072 inputs the kernel requests a lane group's blocks four at a time
 # (csrc/kbit_gemv_rows.cu rows_depth), one DRAM round trip where it waited on one a block, and takes
-# layers up to 16 M weights from the stream-K and table GEMVs: bf16 behind a writer, µs row-slice
-# (best slice) / the op before, 4096x2048 5.53 / 5.67, 5120x2048 6.28 / 6.69, 4096x4096 7.06 / 7.41,
-# 8192x2048 7.42 / 8.89, 3072x5120 7.46 / 7.95 (4096x6144 9.2 / 8.7 and the larger layers stay).
+# layers up to 16 M weights with up to 8192 inputs from the stream-K and table GEMVs: bf16 behind a
+# writer, µs row-slice (best slice) / the op before, k=4 4096x2048 5.5 / 5.8, 5120x2048 6.3 / 6.8,
+# 4096x4096 7.0 / 7.5, 8192x2048 7.4 / 8.9, 8192x1024 6.0 / 6.9, 3072x3072 5.7 / 6.3, 3072x5120 7.5
+# / 7.8; k=3 4096x2048 4.9 / 6.0, 5120x2048 6.1 / 7.3, 4096x4096 7.0 / 7.5, 8192x2048 7.2 / 8.4,
+# 8192x1024 6.3 / 7.4 (k=4 4096x6144 9.1 / 8.8, 12288x1024 7.7 / 7.1 and the larger layers stay).
 # Rules (k, inputs at most, weights at most): the first one the layer meets takes the kernel.
 ROWS_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((2, 16384, 16 << 20), (2, 4096, 32 << 20), (3, 3072, 16 << 20), (4, 8192, 16 << 20)),
+    (9, 0): ((2, 16384, 16 << 20), (2, 4096, 32 << 20), (3, 8192, 16 << 20), (4, 8192, 16 << 20)),
 }
 ROWS_SLICES = (8, 16, 32, 64)
-ROWS_CTAS_PER_SM = 3  # 8 warps, 79 registers, 64 KB table each (k = 4 from 3072 inputs: 2, which the
-# rules' 16 M weights keep inside one wave: at most 5461 outputs, 171 slices of 32)
+ROWS_CTAS_PER_SM = 3  # 8 warps, 79 registers, 64 KB table each (k = 3, 4 from 3072 inputs: 2, which
+# the rules' 16 M weights keep inside one wave: at most 5461 outputs, 171 slices of 32)
 ROWS_MAX_BLOCKS = 512  # kStagedXSlots: x staged whole in the table's unused halves
 # Slices of 32 rows measured best wherever they fill ~0.7 of the SMs (the same runs: 2048x3072 P = 8
 # / 16 / 32 / 64 5.8 / 5.4 / 4.9 / 6.4, 2048x8192 12.8 / 9.6 / 6.3 / 7.2); fewer CTAs than that want
