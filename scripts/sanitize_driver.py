@@ -79,6 +79,15 @@ def kbit(dtype: torch.dtype) -> None:
                 check(f"kbit_linear {path} m={m} det={det} {dtype}",
                       cops.linear_path(x, pt, at, cb, bias, k, out_f, path), want)
             os.environ["KBIT_VLLM_DETERMINISTIC"] = "0"
+    if "kbit_gemv" in ONLY:  # the row-slice GEMV's four-block batches (k = 3, 4 from 96 input blocks): 129
+        # blocks give a 32-row slice's lane groups two batches, the last one partial
+        w4 = torch.randn(64, 4128, generator=g).to(DEV)
+        pt4, at4 = ops.kbit_repack(*ops.kbit_quantize(w4.to(dtype), cb, k), k)
+        x4 = torch.randn(1, 4128, generator=g).to(dtype).to(DEV)
+        want4 = ref.kbit_linear(x4.float(), pt4, at4, cb, None, k, 64)
+        for path in ("gemv_rows8", "gemv_rows32"):
+            check(f"kbit_linear {path} in=4128 (four-block batches) {dtype}",
+                  cops.linear_path(x4, pt4, at4, cb, None, k, 64, path), want4)
     # k = 5: the shuffle GEMV with a padded last tile, and the MMA without split-K (4 blocks of K)
     cb5 = normal_float_codebook(5, DEV)
     for m, path, rows, cols in ((2, "gemv", 200, in_f), (16, "mma", 200, 128)):
