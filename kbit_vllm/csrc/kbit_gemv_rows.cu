@@ -19,7 +19,7 @@
 // table's unused right halves (staged_x_word), as the stream-K GEMV stages its units' x.
 // Loads: D = 1 keeps one block a lane group in flight beside the one it sums (79 registers, three CTAs
 // an SM); D = 4 requests a lane group's blocks four at a time, the first four before pdl_wait, so a
-// slice with up to four blocks a group waits on one DRAM round trip instead of one a block (125
+// slice with up to four blocks a group waits on one DRAM round trip instead of one a block (126-128
 // registers, two CTAs an SM). k = 3, 4 on 3072+ inputs take D = 4 (rows_depth below).
 #include "kbit_sk.cuh"
 #include "pdl.cuh"
