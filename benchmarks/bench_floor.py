@@ -1,6 +1,6 @@
 """What reading the weights costs, measured: the read-only stream kernel (csrc/stream_read.cu) beside
-cuBLAS and our ops, under each issue's own timing, so every speed target can be set against the
-least time any kernel on those bytes takes on this machine.
+cuBLAS and our ops, under each issue's own timing, so every speed target can be set against what a
+plain read of the same bytes takes on this machine.
 
 The targets are ratios to cuBLAS fp16 or to a computed floor (bytes / copy bandwidth). A kernel that
 must read a layer's weights cannot beat the fastest plain read of those bytes launched the same way
@@ -45,7 +45,7 @@ from kbit_vllm.formats import normal_float_codebook, quantize_awq_rtn  # noqa: E
 
 AWQ_GROUP = 128
 MOE_TOKENS = [1, 2, 4, 8]
-# Targets, as the issues state them: (issue, what, required ratio).
+# Targets, as the issues state them.
 SEED_SUM_TARGETS = {4: 2.5, 2: 3.0}  # issue 3: M=1, seed 002's five layers summed, x faster than cuBLAS fp16
 KBIT_FLOOR_TARGET = 1.25             # issue 3: M=1 k=4 on the two large Llama layers, within 1.25x the floor
 AWQ_FLOOR_TARGET, AWQ_TINY_TARGET = 1.3, 1.8  # issue 4: M=1 within 1.3x the floor, 1.8x faster than tinygemm
