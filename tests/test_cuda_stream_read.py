@@ -1,7 +1,8 @@
 """The read-only stream kernel (csrc/stream_read.cu), which benchmarks/bench_floor.py times as the cost of
 reading a layer's weights: it must read every byte, once, at every unroll and grid. The XOR of the
 sinks its CTAs write equals the XOR of the tensor's 32-bit words (computed on the CPU). Fresh random
-tensors each run, sinks poisoned first. Skips cleanly without a CUDA GPU or a library built for it.
+tensors each run, sinks poisoned first. The GPU tests skip cleanly without a CUDA GPU or a library
+built for it; the argument checks run anywhere.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ import pytest
 import torch
 from cuda_helpers import cuda_kernels_ok
 
+from kbit_vllm.backends.cuda import stream_read as sr
+
 _OK, _WHY = cuda_kernels_ok()
-pytestmark = pytest.mark.skipif(not _OK, reason=f"CUDA kbit kernels unavailable: {_WHY}")
-if _OK:
-    from kbit_vllm.backends.cuda import stream_read as sr
+gpu = pytest.mark.skipif(not _OK, reason=f"CUDA kbit kernels unavailable: {_WHY}")
 
 DEV = "cuda"
 POISON = 0x5A5A5A5A
@@ -29,6 +30,7 @@ def _xor_sinks(sink: torch.Tensor, ctas: int) -> int:
     return int(np.bitwise_xor.reduce(sink[:ctas].cpu().numpy().view(np.uint32)))
 
 
+@gpu
 @pytest.mark.parametrize("unroll", (2, 4, 8))
 # bytes: empty, one 16-byte word, less than one chunk, a partial last chunk, several strides of the grid
 @pytest.mark.parametrize("nbytes", (0, 16, 4096 + 48, 3 * 8192 * 16 + 208, 5 << 20))
@@ -43,6 +45,7 @@ def test_stream_read_reads_every_word(unroll, nbytes, ctas, wait_first):
     assert (sink[ctas:] == POISON).all(), "a CTA wrote past its sink word"
 
 
+@gpu
 @pytest.mark.parametrize("dtype", (torch.uint8, torch.float16, torch.int32))
 def test_stream_read_any_dtype_and_one_wave(dtype):
     """Weight tensors of any element type, at the resident grid the benchmark uses."""
@@ -56,6 +59,7 @@ def test_stream_read_any_dtype_and_one_wave(dtype):
         assert _xor_sinks(sink, ctas) == _xor_words(t)
 
 
+@gpu
 def test_stream_read_graph_replay():
     """Captured once, replayed on new contents: the replay reads the tensor as it is then."""
     t = torch.randint(-(2**31), 2**31 - 1, (1 << 16,), dtype=torch.int32, device=DEV)
@@ -71,6 +75,7 @@ def test_stream_read_graph_replay():
     assert _xor_sinks(sink, 132) == _xor_words(t)
 
 
+@gpu
 def test_stream_read_rejects_bad_input():
     t = torch.zeros(64, dtype=torch.int32, device=DEV)
     sink = torch.zeros(8, dtype=torch.int32, device=DEV)
@@ -84,3 +89,12 @@ def test_stream_read_rejects_bad_input():
         sr.stream_read(t, sink, 4, unroll=3)
     with pytest.raises(ValueError, match="int32"):
         sr.stream_read(t, sink.float(), 4)
+
+
+def test_stream_read_rejects_host_tensors():
+    """A CPU tensor (or a CPU sink) is refused with the reason, before any library call."""
+    t = torch.zeros(64, dtype=torch.int32)
+    with pytest.raises(ValueError, match="contiguous CUDA tensor.*device cpu"):
+        sr.stream_read(t, torch.zeros(8, dtype=torch.int32), 4)
+    with pytest.raises(ValueError, match="unroll must be one of"):
+        sr.ctas_per_sm(3)
