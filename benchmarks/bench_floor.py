@@ -37,10 +37,11 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_kbit  # noqa: E402
 from bench_kbit import LLAMA, SEED_DENSE, make_tinygemm, n_copies, start_run, time_graph, timed  # noqa: E402
-from bench_moe import SCENARIOS, Stack, copies_for, route  # noqa: E402
+from bench_moe import SCENARIOS, Stack, copies_for, expert_offsets, fp16_bmm_time, route  # noqa: E402
 
 from kbit_vllm import ops  # noqa: E402
 from kbit_vllm.backends.cuda import stream_read as sr  # noqa: E402
+from kbit_vllm.backends.cuda.library import sm_count  # noqa: E402
 from kbit_vllm.formats import normal_float_codebook, quantize_awq_rtn  # noqa: E402
 
 AWQ_GROUP = 128
@@ -59,7 +60,7 @@ class Reader:
         self.device = device
         self.unrolls = (4, 8) if quick else sr.UNROLLS
         self.sink = torch.zeros(64 * 1024, dtype=torch.int32, device=device)
-        self.sms = torch.cuda.get_device_properties(device).multi_processor_count
+        self.sms = sm_count(device)
 
     def grids(self, unroll: int) -> list[int]:
         top = sr.ctas_per_sm(unroll)
@@ -131,15 +132,10 @@ def bench_moe(scen: str, n_exp: int, topk: int, shape: str, in_f: int, out_f: in
     rows = []
     for t in tokens:
         counts = route(n_exp, topk, t, gen)
-        n_rows, active = int(counts.sum()), torch.nonzero(counts).flatten()
-        a, maxc = len(active), int(counts.max())
-        offs = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)]).to(torch.int32).cuda()
-        r = {"scenario": scen, "shape": shape, "tokens": t, "rows": n_rows, "active": a}
-        wa = w16[active.cuda()]
-        wcs = [wa.clone() for _ in range(copies_for(wa.numel() * 2, wa.numel() * 2))]
-        xp = torch.randn(a, maxc, in_f, device="cuda", dtype=torch.float16)
-        r["fp16_bmm"] = time_graph([(lambda wc=wc, xp=xp: torch.bmm(xp, wc.transpose(1, 2))) for wc in wcs])
-        del wcs, wa
+        n_rows, a = int(counts.sum()), int((counts > 0).sum())
+        offs = expert_offsets(counts)
+        r = {"scenario": scen, "shape": shape, "tokens": t, "rows": n_rows, "active": a,
+             "fp16_bmm": fp16_bmm_time(w16, counts)}
         x = torch.randn(n_rows, in_f, device="cuda", dtype=torch.float16)
         cps = st.take(copies_for(int(st.expert_bytes * a), st.full_bytes))
         r["k4_op"] = time_graph([st.call(c, x, offs, None) for c in cps])

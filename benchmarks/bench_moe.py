@@ -104,6 +104,21 @@ class Stack:
         return lambda: cuda_ops.grouped_path(x, c[0], c[1], self.cb, offs, self.k, self.out_f, path, bm=bm, mp=mp)
 
 
+def expert_offsets(counts: torch.Tensor) -> torch.Tensor:
+    """Device int32 offsets [E + 1] of rows sorted by expert, from rows per expert (CPU)."""
+    return torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)]).to(torch.int32).cuda()
+
+
+def fp16_bmm_time(w16: torch.Tensor, counts: torch.Tensor) -> float:
+    """µs of the fp16 baseline: cuBLAS bmm over the active experts' weights, pre-gathered, rows padded
+    to the busiest expert, over copies that hold >= ROTATE_BYTES."""
+    active = torch.nonzero(counts).flatten()
+    wa = w16[active.cuda()]
+    wcs = [wa.clone() for _ in range(copies_for(wa.numel() * 2, wa.numel() * 2))]
+    xp = torch.randn(len(active), int(counts.max()), w16.shape[2], device="cuda", dtype=torch.float16)
+    return time_graph([(lambda wc=wc: torch.bmm(xp, wc.transpose(1, 2))) for wc in wcs])
+
+
 def grouped_mm_ok(w16: torch.Tensor) -> bool:
     """Whether torch._grouped_mm (bf16, 2-D x 3-D with offsets) runs here and is right."""
     if not hasattr(torch, "_grouped_mm"):
@@ -132,16 +147,11 @@ def bench_shape(scen: str, n_exp: int, topk: int, shape: str, in_f: int, out_f: 
         rows = int(counts.sum())
         active = torch.nonzero(counts).flatten()
         a, maxc = len(active), int(counts.max())
-        offs = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)]).to(torch.int32).cuda()
+        offs = expert_offsets(counts)
         x = torch.randn(rows, in_f, device="cuda", dtype=torch.float16)
         r = {"scenario": scen, "shape": shape, "in": in_f, "out": out_f, "experts": n_exp, "topk": topk,
              "tokens": t, "rows": rows, "active": a, "max_rows": maxc, "x": x, "offs": offs}
-        wa = w16[active.cuda()]
-        nc = copies_for(wa.numel() * 2, wa.numel() * 2)
-        wcs = [wa.clone() for _ in range(nc)]
-        xp = torch.randn(a, maxc, in_f, device="cuda", dtype=torch.float16)
-        r["fp16_bmm"] = time_graph([(lambda wc=wc, xp=xp: torch.bmm(xp, wc.transpose(1, 2))) for wc in wcs])
-        del wcs, wa
+        r["fp16_bmm"] = fp16_bmm_time(w16, counts)
         if use_gmm:
             wb = w16.to(torch.bfloat16)
             nc = copies_for(a * out_f * in_f * 2, wb.numel() * 2)
