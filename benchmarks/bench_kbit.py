@@ -122,7 +122,6 @@ def bench_shape(name: str, in_f: int, out_f: int, ks: list[int], ms: list[int], 
     """Our kernels in activation dtype dt beside cuBLAS in the same dtype."""
     rows = []
     w = torch.randn(out_f, in_f, device="cuda", dtype=dt) * 0.05
-    sms = torch.cuda.get_device_properties(w.device).multi_processor_count  # the row-slice GEMV's slice
     nc16 = n_copies(w.numel() * 2, 64 if quick else 400)
     w16 = [w.clone() for _ in range(nc16)]
     tiny = None
@@ -139,7 +138,7 @@ def bench_shape(name: str, in_f: int, out_f: int, ks: list[int], ms: list[int], 
             x = torch.randn(m, in_f, device="cuda", dtype=dt)
             r = {"shape": name, "in": in_f, "out": out_f, "k": k, "M": m}
             small = m <= dispatch.GEMV_MAX_M
-            rows_slice = m == 1 and k <= 4 and dispatch.gemv_rows_slice(out_f, in_f // 32, sms) > 0
+            rows_slice = m == 1 and k <= 4 and cuda_ops.gemv_rows_slice(x.device, dt, k, out_f, in_f // 32) > 0
             paths = (["gemv_sk", "gemv_cluster"] if small else []) + (["gemv_rows"] if rows_slice else []) + [
                 "gemv_tc", "mma"] + (MMA_VARIANT_PATHS if mma_variants else []) + ["wgmma"] + (
                 ["dequant"] if m >= 8 else [])

@@ -112,3 +112,24 @@ def test_op_takes_gemv_rows_where_the_rules_say(k, in_f, out_f):
     y = ops.kbit_linear(x, pt, at, cb, None, k, out_f)
     assert_close_max_norm(y, _want(x, w64, None), TOL[torch.bfloat16], "kbit_linear M=1")
     assert torch.equal(y, cuda_ops.linear_path(x, pt, at, cb, None, k, out_f, "gemv_rows"))
+
+
+def test_gemv_rows_occupancy_sizes_the_slice():
+    """The library reports the row-slice kernel's resident CTAs an SM for the kernel it runs: three with
+    one block a lane group in flight (k = 2; k = 3, 4 below 96 input blocks), two with four (k = 3, 4
+    from 96 blocks: 126-128 registers), 0 for what it does not take; the op's slice keeps the grid
+    inside one wave of them."""
+    dev = torch.device(DEV)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    for dtype in (torch.float16, torch.bfloat16):
+        fn = getattr(cuda_ops.LIB, f"kbit_vllm_gemv_rows_ctas_per_sm_{cuda_ops.SUFFIX[dtype]}")
+        for rows in dispatch.ROWS_SLICES:
+            assert fn(2, 128, rows) == 3
+            assert fn(4, 95, rows) == 3 and fn(3, 95, rows) == 3
+            assert fn(4, 96, rows) == 2 and fn(3, 512, rows) == 2
+            assert fn(5, 128, rows) == 0 and fn(4, dispatch.ROWS_MAX_BLOCKS + 1, rows) == 0
+        assert fn(4, 128, 24) == 0
+        for k, nb, out_f in ((4, 128, 8448), (4, 128, 8480), (2, 128, 12704), (3, 256, 16896)):
+            rows = cuda_ops.gemv_rows_slice(dev, dtype, k, out_f, nb)
+            assert rows in dispatch.ROWS_SLICES
+            assert -(-out_f // rows) <= fn(k, nb, rows) * sms, (k, nb, out_f, rows)

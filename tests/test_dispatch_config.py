@@ -186,15 +186,26 @@ def test_stream_k_grid() -> None:
 
 
 def test_gemv_rows_slice() -> None:
-    """The row-slice GEMV's slice: 32 rows, 64 where 32 would take more than one wave of three CTAs
-    an SM, halved while the grid fills under 0.7 of the SMs; none past one wave or past 16384 inputs."""
+    """The row-slice GEMV's slice: 32 rows, 64 where 32 would take more than one wave of the CTAs an
+    SM the library reports, halved while the grid fills under 0.7 of the SMs; none past one wave or
+    past 16384 inputs."""
+    three = dict.fromkeys(dispatch.ROWS_SLICES, 3)  # D = 1: three CTAs an SM
     want = {512: 8, 2048: 16, 3072: 32, 4096: 32, 6144: 32, 8192: 32, 12672: 32, 12704: 64, 16384: 64,
             25344: 64, 25408: 0, 28672: 0}
     for out_f, rows in want.items():
-        assert dispatch.gemv_rows_slice(out_f, 64, H200_SMS) == rows, out_f
-    assert dispatch.gemv_rows_slice(4096, dispatch.ROWS_MAX_BLOCKS, H200_SMS) == 32
-    assert dispatch.gemv_rows_slice(4096, dispatch.ROWS_MAX_BLOCKS + 1, H200_SMS) == 0
-    assert dispatch.gemv_rows_slice(100, 4, H200_SMS) == 8
+        assert dispatch.gemv_rows_slice(out_f, 64, H200_SMS, three) == rows, out_f
+    assert dispatch.gemv_rows_slice(4096, dispatch.ROWS_MAX_BLOCKS, H200_SMS, three) == 32
+    assert dispatch.gemv_rows_slice(4096, dispatch.ROWS_MAX_BLOCKS + 1, H200_SMS, three) == 0
+    assert dispatch.gemv_rows_slice(100, 4, H200_SMS, three) == 8
+    # D = 4 (two CTAs an SM): one wave of 32-row slices ends at 264 CTAs, of 64-row ones at 264 too.
+    two = dict.fromkeys(dispatch.ROWS_SLICES, 2)
+    want2 = {8448: 32, 8480: 64, 12704: 64, 16896: 64, 16928: 0}
+    for out_f, rows in want2.items():
+        assert dispatch.gemv_rows_slice(out_f, 128, H200_SMS, two) == rows, out_f
+    # A slice the library does not run (0 or missing) is never taken, nor halved into.
+    assert dispatch.gemv_rows_slice(4096, 64, H200_SMS, {32: 0, 64: 3}) == 64
+    assert dispatch.gemv_rows_slice(4096, 64, H200_SMS, {}) == 0
+    assert dispatch.gemv_rows_slice(2048, 64, H200_SMS, {32: 3}) == 32  # 16 would fill less, but is not offered
 
 
 def test_use_gemv_rows() -> None:

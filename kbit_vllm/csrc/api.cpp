@@ -34,6 +34,8 @@ template <typename T>
 int launch_gemv_rows(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int k,
                      int M, int N, int nb, void* y, int rows, cudaStream_t s);
 template <typename T>
+int gemv_rows_ctas_per_sm(int k, int nb, int rows);
+template <typename T>
 int launch_mma(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int k, int M,
                int N, int nb, void* y, int mb, int tw, int variant, int ctas, int det, float* ws, int* counters,
                cudaStream_t s);
@@ -147,6 +149,9 @@ KBIT_DEQUANT_API(fp32, float)
                                      void* stream) {                                                      \
         return kbit::launch_gemv_rows<T>(x, pt, at, cb, bias, k, M, N, nb, y, rows,                       \
                                          static_cast<cudaStream_t>(stream));                              \
+    }                                                                                                     \
+    int kbit_vllm_gemv_rows_ctas_per_sm_##SUFFIX(int k, int nb, int rows) {                               \
+        return kbit::gemv_rows_ctas_per_sm<T>(k, nb, rows);                                               \
     }                                                                                                     \
     int kbit_vllm_mma_##SUFFIX(const void* x, const void* pt, const uint8_t* at, const float* cb,         \
                                const void* bias, int k, int M, int N, int nb, void* y, int mb, int tw,    \

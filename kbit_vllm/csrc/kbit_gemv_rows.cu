@@ -195,6 +195,40 @@ int launch_gemv_rows_k(const void* x, const void* pt, const uint8_t* at, const f
     }
 }
 
+template <typename T, int K>
+int gemv_rows_ctas_per_sm_k(int nb, int rows) {
+    const void* f = nullptr;
+    const bool deep = rows_depth<K>(nb) == 4;
+#define KBIT_ROWS_CASE(P)                                                                                   \
+    if (rows == P) {                                                                                      \
+        if constexpr (K >= 3)                                                                             \
+            f = deep ? reinterpret_cast<const void*>(gemv_rows_kernel<T, K, P, 4>)                        \
+                     : reinterpret_cast<const void*>(gemv_rows_kernel<T, K, P, 1>);                       \
+        else                                                                                              \
+            f = reinterpret_cast<const void*>(gemv_rows_kernel<T, K, P, 1>);                              \
+    }
+    KBIT_ROWS_CASE(8) KBIT_ROWS_CASE(16) KBIT_ROWS_CASE(32) KBIT_ROWS_CASE(64)
+#undef KBIT_ROWS_CASE
+    if (f == nullptr) return 0;
+    return resident_ctas(f, kRowsWarps * 32, static_cast<int>(SkCfg<K>::kSmem));
+}
+
+// Resident CTAs per SM of the kernel launch_gemv_rows runs for (k, nb, rows): three at D = 1, two
+// where rows_depth gives D = 4, as the device reports them; 0 for a k, nb or slice it does not take.
+// The host sizes its slices with it, so no copy of rows_depth's rule lives outside this file.
+template <typename T>
+int gemv_rows_ctas_per_sm(int k, int nb, int rows) {
+    if (nb <= 0 || nb > kStagedXSlots) return 0;
+    switch (k) {
+        case 2: return gemv_rows_ctas_per_sm_k<T, 2>(nb, rows);
+        case 3: return gemv_rows_ctas_per_sm_k<T, 3>(nb, rows);
+        case 4: return gemv_rows_ctas_per_sm_k<T, 4>(nb, rows);
+        default: return 0;
+    }
+}
+template int gemv_rows_ctas_per_sm<half>(int, int, int);
+template int gemv_rows_ctas_per_sm<__nv_bfloat16>(int, int, int);
+
 // One x row (M = 1) through CTAs of `rows` (8, 16, 32 or 64) output rows each, ceil(N / rows) of them;
 // k = 2..4, nb <= kStagedXSlots (x staged whole). No workspace.
 template <typename T>

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 
 DETERMINISTIC_ENV = "KBIT_VLLM_DETERMINISTIC"
 PDL_ENV = "KBIT_VLLM_PDL"
@@ -105,8 +106,6 @@ ROWS_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
     (9, 0): ((2, 16384, 16 << 20), (2, 4096, 32 << 20), (3, 8192, 16 << 20), (4, 8192, 16 << 20)),
 }
 ROWS_SLICES = (8, 16, 32, 64)
-ROWS_CTAS_PER_SM = 3  # 8 warps, 79 registers, 64 KB table each (k = 3, 4 from 3072 inputs: 2, which
-# the rules' 16 M weights keep inside one wave: at most 5461 outputs, 171 slices of 32)
 ROWS_MAX_BLOCKS = 512  # kStagedXSlots: x staged whole in the table's unused halves
 # Slices of 32 rows measured best wherever they fill ~0.7 of the SMs (the same runs: 2048x3072 P = 8
 # / 16 / 32 / 64 5.8 / 5.4 / 4.9 / 6.4, 2048x8192 12.8 / 9.6 / 6.3 / 7.2); fewer CTAs than that want
@@ -115,17 +114,22 @@ ROWS_MAX_BLOCKS = 512  # kStagedXSlots: x staged whole in the table's unused hal
 ROWS_MIN_SM_FILL = 0.7
 
 
-def gemv_rows_slice(out_features: int, nb: int, sms: int) -> int:
+def gemv_rows_slice(out_features: int, nb: int, sms: int, ctas_per_sm: Mapping[int, int]) -> int:
     """Output rows per CTA of the row-slice GEMV (8, 16, 32 or 64): 32, or 64 where 32 would take
     more than one wave, halved while the grid fills fewer than ROWS_MIN_SM_FILL of the SMs; 0 where
-    no slice fits one wave or x (nb blocks) does not fit its staging slots."""
+    no slice fits one wave or x (nb blocks) does not fit its staging slots. ctas_per_sm: each slice's
+    resident CTAs an SM for this k and nb, as the library reports them (three CTAs of 8 warps beside
+    their 64 KB tables; two where k = 3, 4 request four blocks a lane group at a time, from 96 input
+    blocks: csrc/kbit_gemv_rows.cu rows_depth); a slice missing or at 0 is not taken."""
     if nb > ROWS_MAX_BLOCKS or out_features <= 0 or sms <= 0:
         return 0
-    fits = [r for r in ROWS_SLICES if r >= 32 and -(-out_features // r) <= ROWS_CTAS_PER_SM * sms]
+    fits = [r for r in ROWS_SLICES
+            if r >= 32 and -(-out_features // r) <= ctas_per_sm.get(r, 0) * sms]
     if not fits:
         return 0
     rows = fits[0]
-    while rows > ROWS_SLICES[0] and -(-out_features // rows) < ROWS_MIN_SM_FILL * sms:
+    while (rows > ROWS_SLICES[0] and -(-out_features // rows) < ROWS_MIN_SM_FILL * sms
+           and ctas_per_sm.get(rows // 2, 0) > 0):
         rows //= 2
     return rows
 

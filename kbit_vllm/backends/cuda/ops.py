@@ -323,6 +323,20 @@ def gemv_tc_ctas(dev: torch.device, sfx: str, k: int, m: int, out_features: int,
     return min(_TC_OCC[key] * _sms(dev), max(1, units // (TC_WARPS * TC_MIN_UNITS)))
 
 
+_ROWS_OCC: dict[tuple[int, int, int, str], dict[int, int]] = {}
+
+
+def gemv_rows_slice(dev: torch.device, dtype: torch.dtype, k: int, out_features: int, nb: int) -> int:
+    """dispatch.gemv_rows_slice with the row-slice kernel's resident CTAs an SM for (k, nb) and each
+    slice, from the library (which picks the kernel's depth: no copy of its rule here)."""
+    sfx = _ACT_FN[dtype]
+    key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, nb, sfx)
+    if key not in _ROWS_OCC:
+        fn = getattr(LIB, f"kbit_vllm_gemv_rows_ctas_per_sm_{sfx}")
+        _ROWS_OCC[key] = {r: max(0, int(fn(_i(k), _i(nb), _i(r)))) for r in dispatch.ROWS_SLICES}
+    return dispatch.gemv_rows_slice(out_features, nb, _sms(dev), _ROWS_OCC[key])
+
+
 def gemv_rows(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch.Tensor, codebook: torch.Tensor,
               bias: torch.Tensor | None, k: int, out_features: int, y: torch.Tensor, rows: int = 0) -> torch.Tensor:
     """y = x2 W^T (+ bias) through the row-slice GEMV (csrc/kbit_gemv_rows.cu): M=1, k <= 4, rows
@@ -331,7 +345,7 @@ def gemv_rows(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch.
     nb = in_f // 32
     dev = x2.device
     if not rows:
-        rows = dispatch.gemv_rows_slice(out_features, nb, _sms(dev))
+        rows = gemv_rows_slice(dev, x2.dtype, k, out_features, nb)
     if m != 1 or k > 4 or nb > dispatch.ROWS_MAX_BLOCKS or rows not in dispatch.ROWS_SLICES:
         raise ValueError(f"kbit_linear gemv_rows path takes M=1, k <= 4, at most {dispatch.ROWS_MAX_BLOCKS * 32} "
                          f"inputs and a slice of {dispatch.ROWS_SLICES} rows that fits one wave, got M={m}, k={k}, "
@@ -378,7 +392,7 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
         raise ValueError(f"kbit_linear {path} path takes M <= {dispatch.GEMV_MAX_M}, got {m}")
     if path == "gemv" and m == 1 and dispatch.use_gemv_rows(k, in_f, out_features,
                                                              torch.cuda.get_device_capability(dev)):
-        rows = dispatch.gemv_rows_slice(out_features, nb, _sms(dev))
+        rows = gemv_rows_slice(dev, x2.dtype, k, out_features, nb)
         if rows:  # deterministic too: its sums meet in a fixed order
             return gemv_rows(x2, packed_tiled, absmax_tiled, codebook, bias, k, out_features, y, rows)
     use_sk = (path == "gemv" and not dispatch.deterministic()) or path == "gemv_sk"
