@@ -106,9 +106,10 @@ def test_awq_gemv_chain(m, dtype):
     _check_chain(links, [L[2] for L in layers], x, AWQ_TOL[dtype])
 
 
+@pytest.mark.parametrize("path", ["gemv_sk", "gemv_slot"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_grouped_gemv_reads_fresh_offsets(dtype):
-    """The grouped stream-K GEMV after the kernels that write its input and its expert offsets."""
+def test_grouped_gemv_reads_fresh_offsets(dtype, path):
+    """The grouped stream-K and slot GEMVs after the kernels that write their input and expert offsets."""
     n_exp, rows, k, in_f = 16, 24, 4, 2048
     cb = normal_float_codebook(k).to(DEV)
     w = torch.randn(n_exp * in_f, in_f, device=DEV) * in_f ** -0.5
@@ -122,8 +123,8 @@ def test_grouped_gemv_reads_fresh_offsets(dtype):
 
     def layer(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         offs = torch.cat([counts.new_zeros(1), counts.cumsum(0, dtype=torch.int32)])  # written just before
-        y = cuda_ops.grouped_path(h, pt, at, cb, offs, k, in_f, "gemv_sk")
-        y2 = cuda_ops.grouped_path(y, pt, at, cb, offs, k, in_f, "gemv_sk")  # back to back
+        y = cuda_ops.grouped_path(h, pt, at, cb, offs, k, in_f, path)
+        y2 = cuda_ops.grouped_path(y, pt, at, cb, offs, k, in_f, path)  # back to back
         return offs, y, y2
 
     def check(offs: torch.Tensor, h: torch.Tensor, y: torch.Tensor) -> None:

@@ -498,13 +498,23 @@ def aligned16(t: torch.Tensor) -> torch.Tensor:
 # from host-known shapes only (rows, experts), so the op is graph-capturable and never syncs.
 
 
+# Blocks a warp of the slot GEMV has in flight at once: its two register groups (kGU = 4 blocks each,
+# csrc/kbit_grouped_gemv.cu), both requested before x is staged.
+GGEMV_BLOCKS_IN_FLIGHT = 8
+
+
 def grouped_gemv_config(n: int, nb: int, slots: int, sms: int) -> tuple[int, int]:
-    """(rgpc, wk) for the slot GEMV: 32-row groups per CTA and warps per row group along K, so
-    that ~16 warps per SM (two CTAs of 8 fit in registers) each stream >= 8 blocks, counting
-    `slots` experts (the most that can have rows)."""
+    """(rgpc, wk) for the slot GEMV: 32-row groups per CTA and warps per row group along K.
+
+    Enough warps along K that each reads at most GGEMV_BLOCKS_IN_FLIGHT blocks (all its weights
+    requested at once, so one DRAM round trip), as far as ~16 warps per SM (two CTAs of 8 fit in
+    registers) allow, counting `slots` experts (the most that can have rows). H200 session 44,
+    qwen128 down T=1 (24 blocks): 2 warps along K (three groups each) 6.9 us.
+    """
     n_rg = 4 * ((n + 127) // 128)
-    per_rg = max(1, min(16 * sms // (n_rg * slots), nb // 8, 8))
-    wk = 1 << (per_rg.bit_length() - 1)  # 1, 2, 4 or 8: full CTAs of 8 warps
+    fit = max(1, min(16 * sms // (n_rg * slots), 8))
+    want = max(1, -(-nb // GGEMV_BLOCKS_IN_FLIGHT))
+    wk = min(1 << (want - 1).bit_length(), 1 << (fit.bit_length() - 1))  # 1, 2, 4 or 8: full CTAs of 8 warps
     rgpc = max(1, min(8 // wk, n_rg))
     return rgpc, wk
 
