@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kbit_vllm.backends.cuda import dispatch
-from kbit_vllm.backends.cuda.ops import grouped_mma_config
+from kbit_vllm.backends.cuda.ops import GGEMV_BLOCKS_IN_FLIGHT, grouped_gemv_config, grouped_mma_config
 
 H200_SMS = 132
 
@@ -447,11 +447,35 @@ def test_kbit_grouped_wgmma_rows() -> None:
 
 
 def test_kbit_grouped_slot_gemv_units() -> None:
-    """H200: the grouped GEMV path takes the slot GEMV over stream-K up to 4096 (slot, tile, block)
-    units for k <= 4 and 2048 for k = 5 (whose slot GEMV decodes by lane shuffle)."""
+    """H200: the grouped GEMV path takes the slot GEMV over stream-K up to 6144 (slot, tile, block)
+    units for k <= 4 (Qwen3-MoE shapes at 2 tokens, not 3) and 2048 for k = 5 (whose slot GEMV
+    decodes by lane shuffle)."""
     qwen_t1 = (8, 6, 64)   # Qwen3-MoE gate at 1 token: 3072 units
     seed_t1 = (8, 4, 64)   # seed 002's 8 experts at 1 token: 2048
     assert dispatch.grouped_slot_gemv(*qwen_t1, (9, 0)) and dispatch.grouped_slot_gemv(*qwen_t1, (9, 0), 4)
     assert not dispatch.grouped_slot_gemv(*qwen_t1, (9, 0), 5)
     assert dispatch.grouped_slot_gemv(*seed_t1, (9, 0), 5)
-    assert not dispatch.grouped_slot_gemv(16, 6, 64, (9, 0), 4)
+    assert dispatch.grouped_slot_gemv(16, 6, 64, (9, 0), 4)  # 2 tokens: 16 slots, 6144 units
+    assert dispatch.grouped_slot_gemv(16, 16, 24, (9, 0), 4)  # its down projection
+    assert not dispatch.grouped_slot_gemv(24, 6, 64, (9, 0), 4)  # 3 tokens
+
+
+def test_slot_gemv_config_keeps_each_warps_blocks_in_flight() -> None:
+    """The slot GEMV's warps along K: enough that a warp reads at most its two register groups (8
+    blocks, all requested at once) where ~16 warps an SM allow, full CTAs of 8 warps, and never a
+    grid past 16 warps an SM."""
+    sms = 132
+    assert grouped_gemv_config(768, 64, 8, sms) == (1, 8)    # Qwen3-MoE gate at 1 token: 8 blocks a warp
+    assert grouped_gemv_config(2048, 24, 8, sms) == (2, 4)   # its down: 6 blocks a warp (2 along K: 12)
+    assert grouped_gemv_config(2048, 16, 8, sms) == (4, 2)   # seed 002's down: 8 blocks a warp
+    assert grouped_gemv_config(2048, 24, 16, sms) == (4, 2)  # 16 slots: the grid allows only 2 along K
+    for n in (128, 512, 768, 2048, 4096, 14336):
+        for nb in (1, 4, 8, 16, 24, 64, 128, 448):
+            for slots in (1, 2, 8, 16, 64, 128):
+                rgpc, wk = grouped_gemv_config(n, nb, slots, sms)
+                n_rg = 4 * (-(-n // 128))
+                assert wk in (1, 2, 4, 8) and rgpc * wk <= 8 and rgpc <= max(1, n_rg)
+                warps = n_rg * slots * wk
+                assert wk == 1 or warps <= 16 * sms, (n, nb, slots, rgpc, wk)
+                if -(-nb // wk) > GGEMV_BLOCKS_IN_FLIGHT:  # more blocks a warp only where more warps do not fit
+                    assert wk == 8 or 2 * warps > 16 * sms, (n, nb, slots, rgpc, wk)

@@ -654,8 +654,11 @@ GROUPED_BM_LARGEST = 64  # tile for rows per expert past the table
 # weights) 6.7 / 7.5 / 8.9 vs 8.6 / 8.8 / 11.4 us (gate), qwen128 T=1 (8 x 384) 8.2 vs 9.6;
 # qwen128 T=2 (16 slots, 6144) split (gate 12.9 vs 11.5, down 10.7 vs 11.7). Entry: the most
 # slots x n-tiles x K blocks (an upper bound on the tile-blocks read) that take the slot GEMV.
+# Session 44, the slot GEMV with PDL and both register groups requested up front (k=4, µs slot /
+# stream-K; fp16 x back to back, bf16 x behind a writer): qwen128 T=2 (15 slots, 5760) gate 10.5 /
+# 10.3, 13.2 / 12.9; down 9.2 / 9.8, 11.2 / 12.6 (T=1: 6.1 / 8.0, 5.9 / 7.5 back to back).
 GROUPED_SLOT_MAX_UNITS: dict[tuple[int, int], int] = {
-    (9, 0): 4096,
+    (9, 0): 6144,
 }
 GROUPED_SLOT_MAX_UNITS_DEFAULT = 4096
 # k = 5, whose slot GEMV decodes by lane shuffle (its stream-K GEMV by the 32-copy pair table): H200
