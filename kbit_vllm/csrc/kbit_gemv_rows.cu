@@ -143,24 +143,6 @@ __global__ void __launch_bounds__(kRowsWarps * 32, D == 1 ? 3 : 2)
     }
 }
 
-template <typename T, int K, int P, int D>
-int launch_gemv_rows_kp(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int N,
-                        int nb, void* y, cudaStream_t stream) {
-    auto kern = gemv_rows_kernel<T, K, P, D>;
-    constexpr size_t smem = SkCfg<K>::kSmem;
-    const cudaError_t attr =
-        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (attr != cudaSuccess) return static_cast<int>(attr);
-    const int ctas = (N + P - 1) / P;
-    cudaLaunchAttribute attrs[1];
-    const cudaLaunchConfig_t cfg = pdl_config(dim3(ctas), dim3(kRowsWarps * 32), smem, stream, attrs);
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, static_cast<const T*>(x), static_cast<const uint4*>(pt),
-                                             reinterpret_cast<const uint32_t*>(at), cb, static_cast<const T*>(bias),
-                                             static_cast<T*>(y), N, nb);
-    if (e != cudaSuccess) return static_cast<int>(e);
-    KBIT_RETURN_LAUNCH_STATUS();
-}
-
 // Blocks a lane group requests together (the kernel's D): four at k = 3, 4 from 96 input blocks,
 // where a slice's groups run 2-8 blocks each; one elsewhere, at three CTAs an SM (k = 2 and 2048-input
 // layers lost 1-5% with four at two CTAs an SM). H200 session 42, bf16 behind a writer, µs D = 1 / 4,
@@ -174,44 +156,42 @@ constexpr int rows_depth(int nb) {
     return K >= 3 && nb >= kRowsDeepMinBlocks ? 4 : 1;
 }
 
+namespace {
+
+template <typename T>
+using RowsKernel = void (*)(const T*, const uint4*, const uint32_t*, const float*, const T*, T*, int, int);
+
 template <typename T, int K, int P>
-int launch_gemv_rows_p(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int N,
-                       int nb, void* y, cudaStream_t s) {
+RowsKernel<T> rows_kernel_p(int nb) {
     if constexpr (K >= 3) {  // D = 4 is built for k = 3, 4 only
-        if (rows_depth<K>(nb) == 4) return launch_gemv_rows_kp<T, K, P, 4>(x, pt, at, cb, bias, N, nb, y, s);
+        if (rows_depth<K>(nb) == 4) return gemv_rows_kernel<T, K, P, 4>;
     }
-    return launch_gemv_rows_kp<T, K, P, 1>(x, pt, at, cb, bias, N, nb, y, s);
+    return gemv_rows_kernel<T, K, P, 1>;
 }
 
-template <typename T, int K>
-int launch_gemv_rows_k(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int N,
-                       int nb, void* y, int rows, cudaStream_t s) {
-    switch (rows) {
-        case 8: return launch_gemv_rows_p<T, K, 8>(x, pt, at, cb, bias, N, nb, y, s);
-        case 16: return launch_gemv_rows_p<T, K, 16>(x, pt, at, cb, bias, N, nb, y, s);
-        case 32: return launch_gemv_rows_p<T, K, 32>(x, pt, at, cb, bias, N, nb, y, s);
-        case 64: return launch_gemv_rows_p<T, K, 64>(x, pt, at, cb, bias, N, nb, y, s);
-        default: return static_cast<int>(cudaErrorInvalidValue);
+// The kernel of slice `rows` (8, 16, 32 or 64) and depth rows_depth<K>(nb) for k = K, or nullptr for a
+// slice there is none of: both the launch and the occupancy query take it from here.
+template <typename T>
+RowsKernel<T> rows_kernel(int k, int nb, int rows) {
+#define KBIT_ROWS_K(KK)                                            \
+    if (k == KK) {                                                 \
+        switch (rows) {                                            \
+            case 8: return rows_kernel_p<T, KK, 8>(nb);            \
+            case 16: return rows_kernel_p<T, KK, 16>(nb);          \
+            case 32: return rows_kernel_p<T, KK, 32>(nb);          \
+            case 64: return rows_kernel_p<T, KK, 64>(nb);          \
+            default: return nullptr;                               \
+        }                                                          \
     }
+    KBIT_ROWS_K(2) KBIT_ROWS_K(3) KBIT_ROWS_K(4)
+#undef KBIT_ROWS_K
+    return nullptr;
 }
 
-template <typename T, int K>
-int gemv_rows_ctas_per_sm_k(int nb, int rows) {
-    const void* f = nullptr;
-    const bool deep = rows_depth<K>(nb) == 4;
-#define KBIT_ROWS_CASE(P)                                                                                   \
-    if (rows == P) {                                                                                      \
-        if constexpr (K >= 3)                                                                             \
-            f = deep ? reinterpret_cast<const void*>(gemv_rows_kernel<T, K, P, 4>)                        \
-                     : reinterpret_cast<const void*>(gemv_rows_kernel<T, K, P, 1>);                       \
-        else                                                                                              \
-            f = reinterpret_cast<const void*>(gemv_rows_kernel<T, K, P, 1>);                              \
-    }
-    KBIT_ROWS_CASE(8) KBIT_ROWS_CASE(16) KBIT_ROWS_CASE(32) KBIT_ROWS_CASE(64)
-#undef KBIT_ROWS_CASE
-    if (f == nullptr) return 0;
-    return resident_ctas(f, kRowsWarps * 32, static_cast<int>(SkCfg<K>::kSmem));
-}
+// Dynamic shared memory of the row-slice GEMV at k bits (its table and x slots: SkCfg's).
+int rows_smem(int k) { return sk_shape(k).smem; }
+
+}  // namespace
 
 // Resident CTAs per SM of the kernel launch_gemv_rows runs for (k, nb, rows): three at D = 1, two
 // where rows_depth gives D = 4, as the device reports them; 0 for a k, nb or slice it does not take.
@@ -219,12 +199,9 @@ int gemv_rows_ctas_per_sm_k(int nb, int rows) {
 template <typename T>
 int gemv_rows_ctas_per_sm(int k, int nb, int rows) {
     if (nb <= 0 || nb > kStagedXSlots) return 0;
-    switch (k) {
-        case 2: return gemv_rows_ctas_per_sm_k<T, 2>(nb, rows);
-        case 3: return gemv_rows_ctas_per_sm_k<T, 3>(nb, rows);
-        case 4: return gemv_rows_ctas_per_sm_k<T, 4>(nb, rows);
-        default: return 0;
-    }
+    const RowsKernel<T> kern = rows_kernel<T>(k, nb, rows);
+    if (kern == nullptr) return 0;
+    return resident_ctas(reinterpret_cast<const void*>(kern), kRowsWarps * 32, rows_smem(k));
 }
 template int gemv_rows_ctas_per_sm<half>(int, int, int);
 template int gemv_rows_ctas_per_sm<__nv_bfloat16>(int, int, int);
@@ -236,12 +213,20 @@ int launch_gemv_rows(const void* x, const void* pt, const uint8_t* at, const flo
                      int M, int N, int nb, void* y, int rows, cudaStream_t s) {
     if (M == 0 || N <= 0) return 0;
     if (M != 1 || nb <= 0 || nb > kStagedXSlots) return static_cast<int>(cudaErrorInvalidValue);
-    switch (k) {
-        case 2: return launch_gemv_rows_k<T, 2>(x, pt, at, cb, bias, N, nb, y, rows, s);
-        case 3: return launch_gemv_rows_k<T, 3>(x, pt, at, cb, bias, N, nb, y, rows, s);
-        case 4: return launch_gemv_rows_k<T, 4>(x, pt, at, cb, bias, N, nb, y, rows, s);
-        default: return static_cast<int>(cudaErrorInvalidValue);
-    }
+    const RowsKernel<T> kern = rows_kernel<T>(k, nb, rows);
+    if (kern == nullptr) return static_cast<int>(cudaErrorInvalidValue);
+    const int smem = rows_smem(k);
+    const cudaError_t attr = cudaFuncSetAttribute(reinterpret_cast<const void*>(kern),
+                                                  cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (attr != cudaSuccess) return static_cast<int>(attr);
+    cudaLaunchAttribute attrs[1];
+    const cudaLaunchConfig_t cfg = pdl_config(dim3((N + rows - 1) / rows), dim3(kRowsWarps * 32),
+                                              static_cast<size_t>(smem), s, attrs);
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, static_cast<const T*>(x), static_cast<const uint4*>(pt),
+                                             reinterpret_cast<const uint32_t*>(at), cb, static_cast<const T*>(bias),
+                                             static_cast<T*>(y), N, nb);
+    if (e != cudaSuccess) return static_cast<int>(e);
+    KBIT_RETURN_LAUNCH_STATUS();
 }
 
 template int launch_gemv_rows<half>(const void*, const void*, const uint8_t*, const float*, const void*, int, int,
