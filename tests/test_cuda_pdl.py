@@ -106,25 +106,57 @@ def test_awq_gemv_chain(m, dtype):
     _check_chain(links, [L[2] for L in layers], x, AWQ_TOL[dtype])
 
 
-@pytest.mark.parametrize("path", ["gemv_sk", "gemv_slot"])
+def _kbit_experts(n_exp: int, dim: int, k: int):
+    """Stacked tiled kbit experts [E, dim, dim], their codebook and float64 weights."""
+    cb = normal_float_codebook(k).to(DEV)
+    w = torch.randn(n_exp * dim, dim, device=DEV) * dim ** -0.5
+    packed, absmax = ops.kbit_quantize(w, cb, k)
+    tiles = [ops.kbit_repack(packed[e * dim:(e + 1) * dim], absmax[e * dim:(e + 1) * dim], k) for e in range(n_exp)]
+    w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64).view(n_exp, dim, dim)
+    return torch.stack([t[0] for t in tiles]), torch.stack([t[1] for t in tiles]), cb, w64
+
+
+def _awq_experts(n_exp: int, dim: int, group: int, dtype: torch.dtype):
+    """Stacked repacked awq_orin experts [E, dim, dim] and their float64 weights."""
+    wqs, szs, w64s = [], [], []
+    for _ in range(n_exp):
+        qw, qz, s = quantize_awq_rtn(torch.randn(dim, dim, device=DEV, dtype=dtype) * dim ** -0.5, group,
+                                     scale_dtype=dtype)
+        wq, sz = ops.awq_repack(qw, qz, s, group, dtype)
+        z = unpack_awq(qz).double().repeat_interleave(group, dim=0)
+        wqs.append(wq)
+        szs.append(sz)
+        w64s.append(((unpack_awq(qw).double() - z) * s.double().repeat_interleave(group, dim=0)).t())
+    return torch.stack(wqs), torch.stack(szs), torch.stack(w64s)
+
+
+@pytest.mark.parametrize("path", ["kbit gemv_sk", "kbit gemv_slot", "awq gemv"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_grouped_gemv_reads_fresh_offsets(dtype, path):
-    """The grouped stream-K and slot GEMVs after the kernels that write their input and expert offsets."""
-    n_exp, rows, k, in_f = 16, 24, 4, 2048
-    cb = normal_float_codebook(k).to(DEV)
-    w = torch.randn(n_exp * in_f, in_f, device=DEV) * in_f ** -0.5
-    packed, absmax = ops.kbit_quantize(w, cb, k)
-    tiles = [ops.kbit_repack(packed[e * in_f:(e + 1) * in_f], absmax[e * in_f:(e + 1) * in_f], k)
-             for e in range(n_exp)]
-    pt, at = torch.stack([t[0] for t in tiles]), torch.stack([t[1] for t in tiles])
-    w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64).view(n_exp, in_f, in_f)
+    """The grouped GEMVs launched with PDL (kbit stream-K and slot, awq_orin's) after the kernels that
+    write their input and expert offsets."""
+    fmt, kpath = path.split()
+    n_exp, rows, in_f = 16, 24, 2048
+    if fmt == "kbit":
+        k = 4
+        pt, at, cb, w64 = _kbit_experts(n_exp, in_f, k)
+        tol = KBIT_TOL[dtype]
+
+        def grouped(h: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+            return cuda_ops.grouped_path(h, pt, at, cb, offs, k, in_f, kpath)
+    else:
+        wq, sz, w64 = _awq_experts(n_exp, in_f, 128, dtype)
+        tol = AWQ_TOL[dtype]
+
+        def grouped(h: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+            return awq_ops.grouped_path(h, wq, sz, offs, 128, in_f, kpath)
     counts = torch.zeros(n_exp, dtype=torch.int32, device=DEV)
     x = torch.randn(rows, in_f, device=DEV, dtype=dtype)
 
     def layer(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         offs = torch.cat([counts.new_zeros(1), counts.cumsum(0, dtype=torch.int32)])  # written just before
-        y = cuda_ops.grouped_path(h, pt, at, cb, offs, k, in_f, path)
-        y2 = cuda_ops.grouped_path(y, pt, at, cb, offs, k, in_f, path)  # back to back
+        y = grouped(h, offs)
+        y2 = grouped(y, offs)  # back to back
         return offs, y, y2
 
     def check(offs: torch.Tensor, h: torch.Tensor, y: torch.Tensor) -> None:
@@ -134,7 +166,7 @@ def test_grouped_gemv_reads_fresh_offsets(dtype, path):
             want[o[e]:o[e + 1]] = h[o[e]:o[e + 1]].double() @ w64[e].t()
         assert not torch.isnan(y).any()
         err = ((y.double() - want).abs().max() / want.abs().max()).item()
-        assert err < KBIT_TOL[dtype], f"max-norm relative error {err:.3g}"
+        assert err < tol, f"{path}: max-norm relative error {err:.3g}"
 
     def new_routing() -> None:
         ids = torch.randint(0, n_exp, (rows,), device=DEV)

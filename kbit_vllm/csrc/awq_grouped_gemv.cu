@@ -10,9 +10,11 @@
 // shared with the dense GEMV); an expert's rows go in passes of MP = 1, 2 or 4 rows, picked per
 // CTA from its row count (a later pass re-reads the weights, mostly from L2; all paths share one
 // register allocation, so 8-row passes would cost the common 1-row path its occupancy). Lanes
-// reduce by butterfly, warps through shared memory in a fixed order.
+// reduce by butterfly, warps through shared memory in a fixed order. Launched with PDL (pdl.cuh),
+// as the dense GEMV: the launch overlaps the previous kernel's tail; everything reads the offsets.
 #include "awq_common.cuh"
 #include "moe_common.cuh"
+#include "pdl.cuh"
 
 namespace awq {
 
@@ -56,6 +58,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2)
 grouped_gemv_kernel(const T* __restrict__ x, const int4* __restrict__ wq, const T* __restrict__ sz,
                     const int* __restrict__ offs, T* __restrict__ y, int n_exp, int rows, int in, int out, int group,
                     int wpo) {
+    kbit::pdl_trigger();
+    kbit::pdl_wait();  // the offsets, x and y belong to the kernels around this one
     moe::Item it;
     if (!moe::find_item(offs, n_exp, rows, 0, static_cast<int>(blockIdx.y), it)) return;
     const int4* wq_e = wq + static_cast<size_t>(it.expert) * (out / 8) * (in / 4);
@@ -82,9 +86,12 @@ int grouped_gemv(const void* x, const int32_t* wq, const void* sz, const int* of
     const int wpo = warps_per_group(in, static_cast<long long>(out / 8) * slots);
     const int per_cta = kGemvWarps / wpo;
     const dim3 grid(static_cast<unsigned>((out / 8 + per_cta - 1) / per_cta), static_cast<unsigned>(slots));
-    grouped_gemv_kernel<T><<<grid, kGemvWarps * 32, 0, stream>>>(
-        static_cast<const T*>(x), reinterpret_cast<const int4*>(wq), static_cast<const T*>(sz), offs,
-        static_cast<T*>(y), n_exp, rows, in, out, group, wpo);
+    cudaLaunchAttribute attrs[1];
+    const cudaLaunchConfig_t cfg = kbit::pdl_config(grid, dim3(kGemvWarps * 32), 0, stream, attrs);
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, grouped_gemv_kernel<T>, static_cast<const T*>(x),
+                                             reinterpret_cast<const int4*>(wq), static_cast<const T*>(sz), offs,
+                                             static_cast<T*>(y), n_exp, rows, in, out, group, wpo);
+    if (e != cudaSuccess) return static_cast<int>(e);
     return static_cast<int>(cudaGetLastError());
 }
 
