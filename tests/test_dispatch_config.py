@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kbit_vllm.backends.cuda import dispatch
-from kbit_vllm.backends.cuda.ops import GGEMV_BLOCKS_IN_FLIGHT, grouped_gemv_config, grouped_mma_config
+from kbit_vllm.backends.cuda.ops import GGEMV_GROUP_BLOCKS, GGEMV_MAX_WARPS, grouped_gemv_config, grouped_mma_config
 
 H200_SMS = 132
 
@@ -460,22 +460,24 @@ def test_kbit_grouped_slot_gemv_units() -> None:
     assert not dispatch.grouped_slot_gemv(24, 6, 64, (9, 0), 4)  # 3 tokens
 
 
-def test_slot_gemv_config_keeps_each_warps_blocks_in_flight() -> None:
-    """The slot GEMV's warps along K: enough that a warp reads at most its two register groups (8
-    blocks, all requested at once) where ~16 warps an SM allow, full CTAs of 8 warps, and never a
-    grid past 16 warps an SM."""
+def test_slot_gemv_config_spreads_k_over_the_warps_that_fit() -> None:
+    """The slot GEMV's warps along K: as many as ~16 warps an SM allow, down to one load group (4
+    blocks) each, CTAs of at most 16 warps (8 where a row group takes fewer), and a grid past 16
+    warps an SM only at one warp along K."""
     sms = 132
-    assert grouped_gemv_config(768, 64, 8, sms) == (1, 8)    # Qwen3-MoE gate at 1 token: 8 blocks a warp
-    assert grouped_gemv_config(2048, 24, 8, sms) == (2, 4)   # its down: 6 blocks a warp (2 along K: 12)
-    assert grouped_gemv_config(2048, 16, 8, sms) == (4, 2)   # seed 002's down: 8 blocks a warp
+    assert grouped_gemv_config(512, 64, 8, sms) == (1, 16)   # seed 002's gate at 1 token: 4 blocks a warp
+    assert grouped_gemv_config(2048, 16, 8, sms) == (2, 4)   # its down
+    assert grouped_gemv_config(768, 64, 8, sms) == (1, 8)    # Qwen3-MoE gate at 1 token (16 would not fit)
+    assert grouped_gemv_config(2048, 24, 8, sms) == (2, 4)   # its down
     assert grouped_gemv_config(2048, 24, 16, sms) == (4, 2)  # 16 slots: the grid allows only 2 along K
+    assert grouped_gemv_config(4096, 2, 8, sms) == (8, 1)    # fewer blocks than a group
     for n in (128, 512, 768, 2048, 4096, 14336):
         for nb in (1, 4, 8, 16, 24, 64, 128, 448):
             for slots in (1, 2, 8, 16, 64, 128):
                 rgpc, wk = grouped_gemv_config(n, nb, slots, sms)
                 n_rg = 4 * (-(-n // 128))
-                assert wk in (1, 2, 4, 8) and rgpc * wk <= 8 and rgpc <= max(1, n_rg)
+                assert wk in (1, 2, 4, 8, 16) and rgpc * wk <= GGEMV_MAX_WARPS and rgpc <= max(1, n_rg)
+                assert wk == 1 or nb >= wk * GGEMV_GROUP_BLOCKS, (n, nb, slots, rgpc, wk)
                 warps = n_rg * slots * wk
                 assert wk == 1 or warps <= 16 * sms, (n, nb, slots, rgpc, wk)
-                if -(-nb // wk) > GGEMV_BLOCKS_IN_FLIGHT:  # more blocks a warp only where more warps do not fit
-                    assert wk == 8 or 2 * warps > 16 * sms, (n, nb, slots, rgpc, wk)
+                assert wk == 16 or 2 * warps > 16 * sms or nb < 2 * wk * GGEMV_GROUP_BLOCKS, (n, nb, slots, wk)

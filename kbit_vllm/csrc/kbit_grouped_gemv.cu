@@ -9,8 +9,8 @@
 // rows is 128 contiguous bytes) and a share of K: the wk warps of a row group take turns over
 // groups of kGU blocks. A warp keeps its next group's words in flight while it decodes the
 // current one (register double buffer), and requests its first two groups before x is staged, so
-// the weight stream starts as soon as the offsets are read (the host gives each warp at most two
-// groups where the grid allows: ops.grouped_gemv_config). Launched with PDL (pdl.cuh): the decode
+// the weight stream starts as soon as the offsets are read (the host spreads K over as many warps
+// as 16 an SM allow, down to one group each: ops.grouped_gemv_config). Launched with PDL (pdl.cuh): the decode
 // table, built from the codebook alone, overlaps the previous kernel's tail; the offsets, x and y
 // come after pdl_wait. H200 session 44, fp16 x back to back, k=4 T=1 µs before / after (PDL and the
 // second group early): seed8 gate 6.1 -> 5.4, down 6.4 -> 5.2, qwen128 gate 7.9 -> 5.9, down 7.9 -> 6.9.
@@ -35,7 +35,10 @@ namespace {
 
 constexpr int kGU = 4;                // blocks per load group of a warp
 constexpr int kGMaxRows = 4;          // largest rows per pass (8 would cost the 1-row path registers)
-constexpr int kGThreads = 256;        // most threads per CTA
+// Most threads per CTA: 16 warps, all of one row group's K when a layer's row groups fill the
+// SMs once (one CTA an SM, the same 128 registers a thread as two CTAs of 8 warps). H200 session
+// 44, seed8 gate k=4 fp16 back to back, 8 / 16 warps along K: T=1 5.3 / 4.4 us, T=4 8.8 / 6.4.
+constexpr int kGThreads = 512;
 constexpr int kGXBudget = 16 * 1024;  // bytes of staged x, at least
 
 constexpr int kGXBlockBytes = 64;     // staged x per row and block: 16 half2 pairs
@@ -216,7 +219,7 @@ __device__ __forceinline__ void gemv_expert(const T* __restrict__ x, float cbl, 
 }
 
 template <typename T, int K>
-__global__ void __launch_bounds__(kGThreads, 2) grouped_gemv_kernel(
+__global__ void __launch_bounds__(kGThreads, 1) grouped_gemv_kernel(
     const T* __restrict__ x, const uint32_t* __restrict__ packed_t, const uint8_t* __restrict__ absmax_t,
     const float* __restrict__ codebook, const int* __restrict__ offs, T* __restrict__ y, int n_exp, int rows, int N,
     int nb, int rgpc, int xbytes) {
@@ -287,7 +290,7 @@ int launch_grouped_gemv_k(const void* x, const void* pt, const uint8_t* at, cons
 }  // namespace
 
 // slots: grid rows = min(experts, rows) (one per possible non-empty expert); rgpc: 32-row groups
-// per CTA; wk: warps per row group along K (rgpc * wk <= 8). offs: int32 [n_exp + 1] on the device.
+// per CTA; wk: warps per row group along K (rgpc * wk <= 16). offs: int32 [n_exp + 1] on the device.
 template <typename T>
 int launch_grouped_gemv(const void* x, const void* pt, const uint8_t* at, const float* cb, const int* offs, void* y,
                         int k, int n_exp, int rows, int N, int nb, int slots, int rgpc, int wk, cudaStream_t s) {

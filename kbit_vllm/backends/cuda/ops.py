@@ -498,23 +498,23 @@ def aligned16(t: torch.Tensor) -> torch.Tensor:
 # from host-known shapes only (rows, experts), so the op is graph-capturable and never syncs.
 
 
-# Blocks a warp of the slot GEMV has in flight at once: its two register groups (kGU = 4 blocks each,
-# csrc/kbit_grouped_gemv.cu), both requested before x is staged.
-GGEMV_BLOCKS_IN_FLIGHT = 8
+GGEMV_GROUP_BLOCKS = 4  # blocks of a slot GEMV warp's load group (csrc/kbit_grouped_gemv.cu kGU)
+GGEMV_MAX_WARPS = 16  # warps per CTA of the slot GEMV at most (kGThreads / 32)
 
 
 def grouped_gemv_config(n: int, nb: int, slots: int, sms: int) -> tuple[int, int]:
     """(rgpc, wk) for the slot GEMV: 32-row groups per CTA and warps per row group along K.
 
-    Enough warps along K that each reads at most GGEMV_BLOCKS_IN_FLIGHT blocks (all its weights
-    requested at once, so one DRAM round trip), as far as ~16 warps per SM (two CTAs of 8 fit in
-    registers) allow, counting `slots` experts (the most that can have rows). H200 session 44,
-    qwen128 down T=1 (24 blocks): 2 warps along K (three groups each) 6.9 us.
+    As many warps along K as ~16 warps an SM allow (two CTAs of 8, or one of 16, fit in registers),
+    counting `slots` experts (the most that can have rows), down to one load group each: the
+    kernel is a chain of round trips, and a warp with fewer blocks ends sooner. CTAs of 8 warps
+    where a row group takes fewer. H200 session 44, k=4 fp16 back to back, µs: seed8 gate T=1 (64
+    blocks) 8 / 16 warps along K 5.3 / 4.4; qwen128 down T=1 (24 blocks) 2 / 4 warps 6.9 / 5.9.
     """
     n_rg = 4 * ((n + 127) // 128)
-    fit = max(1, min(16 * sms // (n_rg * slots), 8))
-    want = max(1, -(-nb // GGEMV_BLOCKS_IN_FLIGHT))
-    wk = min(1 << (want - 1).bit_length(), 1 << (fit.bit_length() - 1))  # 1, 2, 4 or 8: full CTAs of 8 warps
+    fit = max(1, 16 * sms // (n_rg * slots))
+    groups = max(1, nb // GGEMV_GROUP_BLOCKS)
+    wk = 1 << (min(fit, groups, GGEMV_MAX_WARPS).bit_length() - 1)  # 1, 2, 4, 8 or 16
     rgpc = max(1, min(8 // wk, n_rg))
     return rgpc, wk
 
