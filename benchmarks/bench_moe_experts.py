@@ -52,7 +52,7 @@ def bench(scen: str, k: int, tokens_list: list[int], gen: torch.Generator) -> li
         routes = [routing(n_exp, top_k, t, gen) for _ in range(COPIES)]
         x = torch.randn(t, hidden, device="cuda", dtype=torch.bfloat16)
         r = {"scenario": scen, "k": k, "tokens": t, "pairs": t * top_k,
-             "default": "fused" if dispatch.moe_fused(t * top_k) else "unfused"}
+             "default": "fused" if dispatch.moe_fused(t * top_k, n_exp) else "unfused"}
         for path in ("fused", "unfused"):
             r[path] = time_graph([(lambda c=c, w=w, ids=ids, p=path, x=x: moe_experts_path(
                 x, ids, w, None, *c, cb, k, "silu", path=p)) for c, (w, ids) in zip(copies, routes, strict=True)])

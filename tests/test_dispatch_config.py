@@ -481,3 +481,13 @@ def test_slot_gemv_config_spreads_k_over_the_warps_that_fit() -> None:
                 warps = n_rg * slots * wk
                 assert wk == 1 or warps <= 16 * sms, (n, nb, slots, rgpc, wk)
                 assert wk == 16 or 2 * warps > 16 * sms or nb < 2 * wk * GGEMV_GROUP_BLOCKS, (n, nb, slots, wk)
+
+
+def test_moe_fused_takes_few_pairs_over_many_experts(monkeypatch) -> None:
+    """The fused MoE kernel (one read of an expert's weights a pair) takes up to 32 (token, expert)
+    pairs and no more pairs than experts; the five ops (one read an expert) take the rest."""
+    monkeypatch.delenv(dispatch.DETERMINISTIC_ENV, raising=False)
+    assert dispatch.moe_fused(8, 128) and dispatch.moe_fused(32, 128)   # Qwen3-MoE at 1 and 4 tokens
+    assert not dispatch.moe_fused(64, 128)                              # 8 tokens
+    assert dispatch.moe_fused(8, 8) and not dispatch.moe_fused(16, 8)   # seed 002's 8 experts at 1 and 2 tokens
+    assert not dispatch.moe_fused(0, 8)

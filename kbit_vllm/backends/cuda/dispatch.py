@@ -681,12 +681,17 @@ def grouped_slot_gemv(slots: int, n_tiles: int, nb: int, capability: tuple[int, 
 # and whose GEMMs stage x per CTA. H200 session 35 (bench_moe_experts.py, Qwen3-30B-A3B shapes, k=4,
 # bf16), op us one kernel / five ops: 8 pairs 21.0 / 29.0, 16 27.3 / 36.7, 32 38.9 / 44.8, 64 63.7 /
 # 63.4.
+# The kernel reads an expert's weights once a pair, the five ops once an expert, so it also needs no
+# more pairs than experts. Session 44 (the slot GEMV faster), bf16 µs one kernel / five ops: seed8
+# (8 experts) 8 pairs 18.4 / 21.0, 16 pairs 23.6 / 23.5, 32 pairs 30.8 / 26.5; qwen128 32 pairs
+# 38.8 / 44.6.
 MOE_FUSED_MAX_PAIRS = 32
 
 
-def moe_fused(pairs: int) -> bool:
-    """Whether kbit_moe_experts runs its one-kernel path for a batch of `pairs` (token, expert) pairs."""
-    return 0 < pairs <= MOE_FUSED_MAX_PAIRS and not deterministic()
+def moe_fused(pairs: int, n_exp: int) -> bool:
+    """Whether kbit_moe_experts runs its one-kernel path for a batch of `pairs` (token, expert) pairs
+    over n_exp experts."""
+    return 0 < pairs <= min(MOE_FUSED_MAX_PAIRS, n_exp) and not deterministic()
 
 
 def grouped_rows_per_expert(rows: int, n_exp: int) -> int:

@@ -51,7 +51,7 @@ def kbit_moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torc
     args = (x, topk_ids, topk_weights, expert_map, w13_packed, w13_absmax, w2_packed, w2_absmax, codebook, k,
             activation)
     C.check_moe_experts(*args)
-    fused = dispatch.moe_fused(topk_ids.numel()) and fused_usable(x, w2_absmax, k)
+    fused = dispatch.moe_fused(topk_ids.numel(), w13_absmax.shape[0]) and fused_usable(x, w2_absmax, k)
     return moe_experts_path(*args, path="fused" if fused else "unfused")
 
 
