@@ -9,11 +9,11 @@
 // rows is 128 contiguous bytes) and a share of K: the wk warps of a row group take turns over
 // groups of kGU blocks. A warp keeps its next group's words in flight while it decodes the
 // current one (register double buffer), and requests its first two groups before x is staged, so
-// the weight stream starts as soon as the offsets are read (the host spreads K over as many warps
-// as 16 an SM allow, down to one group each: ops.grouped_gemv_config). Launched with PDL (pdl.cuh): the decode
-// table, built from the codebook alone, overlaps the previous kernel's tail; the offsets, x and y
-// come after pdl_wait. H200 session 44, fp16 x back to back, k=4 T=1 µs before / after (PDL and the
-// second group early): seed8 gate 6.1 -> 5.4, down 6.4 -> 5.2, qwen128 gate 7.9 -> 5.9, down 7.9 -> 6.9.
+// the weight stream starts as soon as the offsets are read; the host spreads K over as many warps
+// as 16 an SM allow, down to one group each (ops.grouped_gemv_config). Launched with PDL
+// (pdl.cuh): the decode table, built from the codebook alone, overlaps the previous kernel's tail;
+// the offsets, x and y come after pdl_wait. H200 session 44, fp16 x back to back, k=4 T=1 µs before
+// / after these three: seed8 gate 6.1 -> 4.4, down 6.4 -> 4.1, qwen128 gate 7.9 -> 6.0, down 7.9 -> 5.9.
 // An expert's rows are taken in passes of MP rows (MP = 1, 2 or 4, picked per CTA from its row
 // count; a later pass re-reads the weights, mostly from L2). All MP paths share one register
 // allocation, so larger passes would slow the common 1-row path.
@@ -87,8 +87,8 @@ __device__ __forceinline__ void pairs_half(const uint32_t (&p)[K], int g, float 
 // All rows [row0, row1) of one expert for this CTA's row groups, in passes of MP rows.
 template <typename T, int K, int MP>
 __device__ __forceinline__ void gemv_expert(const T* __restrict__ x, float cbl, T* __restrict__ y, const GemvWarp& w,
-                                            int row0, int row1, int N, int nb, uint32_t* tbl, char* xs, int xbytes, float* red,
-                                            unsigned (&xmax)[2][kGMaxRows]) {
+                                            int row0, int row1, int N, int nb, uint32_t* tbl, char* xs, int xbytes,
+                                            float* red, unsigned (&xmax)[2][kGMaxRows]) {
     constexpr bool kBf16 = std::is_same<T, __nv_bfloat16>::value;
     constexpr int XB = kGXBlockBytes;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
