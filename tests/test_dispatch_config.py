@@ -458,6 +458,14 @@ def test_kbit_grouped_slot_gemv_units() -> None:
     assert dispatch.grouped_slot_gemv(16, 6, 64, (9, 0), 4)  # 2 tokens: 16 slots, 6144 units
     assert dispatch.grouped_slot_gemv(16, 16, 24, (9, 0), 4)  # its down projection
     assert not dispatch.grouped_slot_gemv(24, 6, 64, (9, 0), 4)  # 3 tokens
+    # and at most 12 blocks a slot GEMV warp (its grid at 2 tokens: the gate 16, the down projection 12)
+    assert not dispatch.grouped_slot_gemv(16, 6, 64, (9, 0), 4, warp_blocks=16)
+    assert dispatch.grouped_slot_gemv(16, 16, 24, (9, 0), 4, warp_blocks=12)
+    sms = 132
+    for n, nb, slots, slot in ((768, 64, 8, True), (2048, 24, 8, True), (512, 64, 8, True), (2048, 16, 8, True),
+                               (768, 64, 16, False), (2048, 24, 16, True)):  # Qwen3-MoE / seed 002 at 1, 2 tokens
+        wk = grouped_gemv_config(n, nb, slots, sms)[1]
+        assert dispatch.grouped_slot_gemv(slots, -(-n // 128), nb, (9, 0), 4, -(-nb // wk)) == slot, (n, nb, slots)
 
 
 def test_slot_gemv_config_spreads_k_over_the_warps_that_fit() -> None:

@@ -665,15 +665,22 @@ GROUPED_SLOT_MAX_UNITS_DEFAULT = 4096
 # session 34, bench_moe.py fp16 µs stream-K / slot (the op then): qwen128 T=1 gate (8 x 6 x 64 = 3072
 # units) 9.0 / 10.7, down (3072) 8.6 / 10.3; seed8 T=1 gate (2048) 8.1 / 7.8, down (2048) 7.7 / 7.8.
 GROUPED_SLOT_MAX_UNITS_K5 = 2048
+# And at most this many K blocks a warp (three of its 4-block load groups, one after another): at
+# qwen128 T=2 (session 44, fp16 back to back, µs slot / stream-K) the gate's warps take 16 blocks
+# (10.3-10.5 / 9.7-10.3; bf16 behind a writer 13.2 / 12.9), the down projection's 12 (8.8-9.2 /
+# 9.8-10.0); 4-8 blocks at T=1 (6.0 / 8.0, 5.6 / 7.4).
+GROUPED_SLOT_MAX_WARP_BLOCKS = 12
 
 
-def grouped_slot_gemv(slots: int, n_tiles: int, nb: int, capability: tuple[int, int], k: int = 4) -> bool:
+def grouped_slot_gemv(slots: int, n_tiles: int, nb: int, capability: tuple[int, int], k: int = 4,
+                      warp_blocks: int = 0) -> bool:
     """Whether the GEMV path takes the slot GEMV over stream-K: few slots x tiles x blocks, where the
     stream-K prologue (item count, pair table) costs more than its load balance gains (k = 5:
-    GROUPED_SLOT_MAX_UNITS_K5)."""
+    GROUPED_SLOT_MAX_UNITS_K5), and at most GROUPED_SLOT_MAX_WARP_BLOCKS blocks a slot GEMV warp
+    (warp_blocks, from its grid: ops.grouped_gemv_config)."""
     limit = GROUPED_SLOT_MAX_UNITS_K5 if k == 5 else GROUPED_SLOT_MAX_UNITS.get(capability,
                                                                                 GROUPED_SLOT_MAX_UNITS_DEFAULT)
-    return slots * n_tiles * nb <= limit
+    return slots * n_tiles * nb <= limit and warp_blocks <= GROUPED_SLOT_MAX_WARP_BLOCKS
 
 
 # The fused MoE experts kernel (csrc/kbit_moe_experts.cu) takes a batch of up to this many (token,

@@ -601,8 +601,9 @@ def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
     n_tiles = (out_features + 127) // 128
     if path in ("gemv", "gemv_sk") and not dispatch.deterministic():
         mp, max_items, ctas = grouped_gemv_sk_config(dev, sfx, k, rows, n_exp, out_features, nb, mp)
+        warp_blocks = -(-nb // grouped_gemv_config(out_features, nb, slots, _sms(dev))[1])
         if ctas > 0 and (path == "gemv_sk" or not dispatch.grouped_slot_gemv(
-                slots, n_tiles, nb, torch.cuda.get_device_capability(dev), k)):
+                slots, n_tiles, nb, torch.cuda.get_device_capability(dev), k, warp_blocks)):
             acc = scratch(dev, "accum", max_items * n_tiles * 128 * mp)
             ctr = scratch(dev, "counters", max_items * n_tiles)
             check(getattr(LIB, f"kbit_vllm_grouped_gemv_sk_{sfx}")(
