@@ -92,6 +92,9 @@ def test_gemv_rows_refuses_what_it_cannot_run():
     with pytest.raises(ValueError, match="gemv_rows"):
         cuda_ops.linear_path(torch.randn(1, 64, device=DEV, dtype=torch.float16), pt, at, cb, None, 4, 256,
                              "gemv_rows24")
+    with pytest.raises(ValueError, match="unknown kbit_linear path 'gemv_rowsx'"):
+        cuda_ops.linear_path(torch.randn(1, 64, device=DEV, dtype=torch.float16), pt, at, cb, None, 4, 256,
+                             "gemv_rowsx")
     big = (dispatch.ROWS_MAX_BLOCKS + 1) * 32
     pt2, at2, cb2, _ = _layer(128, big, 4)
     with pytest.raises(ValueError, match="gemv_rows"):

@@ -386,8 +386,10 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
         return y
     if path.startswith("gemv_rows"):
         tail = path[len("gemv_rows"):]
-        return gemv_rows(x2, packed_tiled, absmax_tiled, codebook, bias, k, out_features, y,
-                         int(tail) if tail.isdigit() else 0 if not tail else -1)
+        if tail and not tail.isdigit():
+            raise ValueError(f"unknown kbit_linear path {path!r}: gemv_rows takes a slice of "
+                             f"{dispatch.ROWS_SLICES} rows (gemv_rows32) or none (its own choice)")
+        return gemv_rows(x2, packed_tiled, absmax_tiled, codebook, bias, k, out_features, y, int(tail or 0))
     if path in ("gemv", "gemv_sk", "gemv_cluster") and m > dispatch.GEMV_MAX_M:
         raise ValueError(f"kbit_linear {path} path takes M <= {dispatch.GEMV_MAX_M}, got {m}")
     if path == "gemv" and m == 1 and dispatch.use_gemv_rows(k, in_f, out_features,
