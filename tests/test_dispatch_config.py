@@ -29,11 +29,11 @@ def test_grouped_mma_tile_halves_below_one_tile_per_sm(rows: int, n_exp: int, n:
 
 
 @pytest.mark.parametrize("rows,n_exp,want", [
-    (8, 128, 2), (16, 128, 1), (24, 128, 1), (32, 128, 2), (64, 128, 2), (128, 128, 2), (256, 128, 2),
-    (8, 8, 2), (16, 8, 2), (64, 8, 2), (1, 128, 2),
+    (8, 128, 2), (16, 128, 1), (24, 128, 1), (32, 128, 1), (33, 128, 2), (64, 128, 2), (128, 128, 2),
+    (256, 128, 2), (8, 8, 2), (16, 8, 2), (32, 8, 2), (64, 8, 2), (1, 128, 2),
 ])
 def test_grouped_sk_rows_per_pass(rows: int, n_exp: int, want: int) -> None:
-    """Two rows per pass except where rows spread at most one per expert over 16..31 rows."""
+    """Two rows per pass except where rows spread at most one per expert over 16..32 rows."""
     assert dispatch.grouped_sk_rows(rows, n_exp) == want
 
 

@@ -715,8 +715,10 @@ def grouped_rows_per_expert(rows: int, n_exp: int) -> int:
 # 12.3 / 13.5 (15 experts, one with two rows: the 1-row kernel's three CTAs per SM win), 32 rows
 # 15.3 / 15.6 (down 15.9 / 15.3); seed8 gate (8 experts, every row to all 8) 8 rows 8.5 / 7.1 /
 # 7.5 / 8.8, 32 rows 11.4 / 9.0 / 10.2 / 11.0, 64 rows 16.7 / 11.2 / 11.7 / 13.0 (4 rows per pass
-# costs more than two passes of 2).
-GSK_ONE_ROW = (16, 32)  # rows in [lo, hi), at most one per expert on average: one row per pass
+# costs more than two passes of 2). Session 44 (three bench_moe.py calls, fp16, µs 1 / 2 rows a
+# pass): qwen128 32 rows gate 14.0 / 14.5, 13.9 / 14.5, 13.8 / 14.3, down 15.1 / 15.2, 15.1 / 15.1,
+# 14.6 / 14.8; 64 rows gate 22.3 / 21.0, 22.2 / 21.1, 21.8 / 20.6.
+GSK_ONE_ROW = (16, 33)  # rows in [lo, hi), at most one per expert on average: one row per pass
 
 
 def grouped_sk_rows(rows: int, n_exp: int) -> int:
