@@ -601,20 +601,19 @@ def grouped_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: tor
     slots = min(n_exp, rows)
     stream = _stream(dev)
     n_tiles = (out_features + 127) // 128
-    if path in ("gemv", "gemv_sk") and not dispatch.deterministic():
-        mp, max_items, ctas = grouped_gemv_sk_config(dev, sfx, k, rows, n_exp, out_features, nb, mp)
-        warp_blocks = -(-nb // grouped_gemv_config(out_features, nb, slots, _sms(dev))[1])
-        if ctas > 0 and (path == "gemv_sk" or not dispatch.grouped_slot_gemv(
-                slots, n_tiles, nb, torch.cuda.get_device_capability(dev), k, warp_blocks)):
-            acc = scratch(dev, "accum", max_items * n_tiles * 128 * mp)
-            ctr = scratch(dev, "counters", max_items * n_tiles)
-            check(getattr(LIB, f"kbit_vllm_grouped_gemv_sk_{sfx}")(
-                _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(offsets), _ptr(y), _i(k),
-                _i(n_exp), _i(rows), _i(out_features), _i(nb), _i(mp), _i(max_items), _i(ctas), _ptr(acc),
-                _ptr(ctr), stream), "kbit_grouped_linear (gemv)")
-            return y
     if path in ("gemv", "gemv_sk", "gemv_slot"):
-        rgpc, wk = grouped_gemv_config(out_features, nb, slots, _sms(dev))
+        rgpc, wk = grouped_gemv_config(out_features, nb, slots, _sms(dev))  # the slot GEMV's grid
+        if path != "gemv_slot" and not dispatch.deterministic():
+            mp, max_items, ctas = grouped_gemv_sk_config(dev, sfx, k, rows, n_exp, out_features, nb, mp)
+            if ctas > 0 and (path == "gemv_sk" or not dispatch.grouped_slot_gemv(
+                    slots, n_tiles, nb, torch.cuda.get_device_capability(dev), k, -(-nb // wk))):
+                acc = scratch(dev, "accum", max_items * n_tiles * 128 * mp)
+                ctr = scratch(dev, "counters", max_items * n_tiles)
+                check(getattr(LIB, f"kbit_vllm_grouped_gemv_sk_{sfx}")(
+                    _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(offsets), _ptr(y),
+                    _i(k), _i(n_exp), _i(rows), _i(out_features), _i(nb), _i(mp), _i(max_items), _i(ctas),
+                    _ptr(acc), _ptr(ctr), stream), "kbit_grouped_linear (gemv)")
+                return y
         check(getattr(LIB, f"kbit_vllm_grouped_gemv_{sfx}")(
             _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(offsets), _ptr(y), _i(k),
             _i(n_exp), _i(rows), _i(out_features), _i(nb), _i(slots), _i(rgpc), _i(wk), stream),
