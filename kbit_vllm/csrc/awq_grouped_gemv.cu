@@ -11,8 +11,10 @@
 // CTA from its row count (a later pass re-reads the weights, mostly from L2; all paths share one
 // register allocation, so 8-row passes would cost the common 1-row path its occupancy). Lanes
 // reduce by butterfly, warps through shared memory in a fixed order. Launched with PDL (pdl.cuh),
-// as the dense GEMV: the launch overlaps the previous kernel's tail; everything reads the offsets.
+// as the dense GEMV: the launch overlaps the previous kernel's tail; everything but an L2 prefetch of
+// the CTA's weights where slot s is expert s (rows >= experts) reads the offsets first.
 #include "awq_common.cuh"
+#include "l2_prefetch.cuh"
 #include "moe_common.cuh"
 #include "pdl.cuh"
 
@@ -59,6 +61,17 @@ grouped_gemv_kernel(const T* __restrict__ x, const int4* __restrict__ wq, const 
                     const int* __restrict__ offs, T* __restrict__ y, int n_exp, int rows, int in, int out, int group,
                     int wpo) {
     kbit::pdl_trigger();
+    if (static_cast<int>(gridDim.y) == n_exp && threadIdx.x < 32) {
+        // One slot per expert (rows >= experts): slot = expert, so this CTA's weights and scales,
+        // which no kernel writes, go into L2 now and their DRAM trip overlaps the kernel before.
+        const int per_cta = kGemvWarps / wpo, c0 = blockIdx.x * per_cta, cn = min(per_cta, out / 8 - c0);
+        const size_t e = blockIdx.y;
+        if (threadIdx.x == 0)
+            kbit::l2_prefetch(wq + (e * (out / 8) + c0) * (in / 4), static_cast<uint32_t>(cn) * (in / 4) * 16u);
+        for (int g = threadIdx.x; g < in / group; g += 32)  // scale rows [g][8 c0 .. 8 (c0 + cn)][2]
+            kbit::l2_prefetch(sz + ((e * (in / group) + g) * out + c0 * 8) * 2,
+                              static_cast<uint32_t>(cn) * 16u * sizeof(T));
+    }
     kbit::pdl_wait();  // the offsets, x and y belong to the kernels around this one
     moe::Item it;
     if (!moe::find_item(offs, n_exp, rows, 0, static_cast<int>(blockIdx.y), it)) return;

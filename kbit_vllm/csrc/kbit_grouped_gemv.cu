@@ -4,13 +4,19 @@
 //
 // Grid: x = CTAs over one expert's 32-row output groups (rgpc groups per CTA); y = expert slot:
 // slot s serves the s-th expert that has rows (moe::find_item over the device offsets). The
-// host sizes y as min(experts, rows); slots past the last non-empty expert exit at once.
+// host sizes y as min(experts, rows); slots past the last non-empty expert exit at once. When that
+// is every expert (rows >= experts), slot s is expert s, which no earlier kernel decides, so its
+// weights are requested before pdl_wait: back to back a CTA starts only as the previous call's CTA
+// on its SM leaves, and its weights' DRAM trip then runs beside the wait for that call's last CTA
+// (H200 session 45, seed8 k=4 fp16 µs: gate T=1 4.41 -> 3.91, down T=1 4.06 -> 3.70, T=2 / T=4
+// 9-12% too).
 // As in the dense GEMV (kbit_gemv.cu) a warp owns 32 output rows (lane = row: one plane of 32
 // rows is 128 contiguous bytes) and a share of K: the wk warps of a row group take turns over
 // groups of kGU blocks. A warp keeps its next group's words in flight while it decodes the
 // current one (register double buffer), and requests its first two groups before x is staged, so
-// the weight stream starts as soon as the offsets are read; the host spreads K over as many warps
-// as 16 an SM allow, down to one group each (ops.grouped_gemv_config). Launched with PDL
+// the weight stream starts as soon as the offsets are read, or before pdl_wait where slot s is
+// expert s; the host spreads K over as many warps as 16 an SM allow, down to one group each
+// (ops.grouped_gemv_config). Launched with PDL
 // (pdl.cuh): the decode table, built from the codebook alone, overlaps the previous kernel's tail;
 // the offsets, x and y come after pdl_wait. H200 session 44, fp16 x back to back, k=4 T=1 µs before
 // / after these three: seed8 gate 6.1 -> 4.4, down 6.4 -> 4.1, qwen128 gate 7.9 -> 6.0, down 7.9 -> 5.9.
@@ -84,11 +90,15 @@ __device__ __forceinline__ void pairs_half(const uint32_t (&p)[K], int g, float 
     }
 }
 
-// All rows [row0, row1) of one expert for this CTA's row groups, in passes of MP rows.
+// All rows [row0, row1) of one expert for this CTA's row groups, in passes of MP rows. The caller
+// has requested the warp's first load group into pc / ac, and, when pn_loaded, the group the first
+// step prefetches into pn / an.
 template <typename T, int K, int MP>
 __device__ __forceinline__ void gemv_expert(const T* __restrict__ x, float cbl, T* __restrict__ y, const GemvWarp& w,
                                             int row0, int row1, int N, int nb, uint32_t* tbl, char* xs, int xbytes,
-                                            float* red, unsigned (&xmax)[2][kGMaxRows]) {
+                                            float* red, unsigned (&xmax)[2][kGMaxRows], uint32_t (&pc)[kGU][K],
+                                            uint8_t (&ac)[kGU], uint32_t (&pn)[kGU][K], uint8_t (&an)[kGU],
+                                            bool pn_loaded) {
     constexpr bool kBf16 = std::is_same<T, __nv_bfloat16>::value;
     constexpr int XB = kGXBlockBytes;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -99,10 +109,6 @@ __device__ __forceinline__ void gemv_expert(const T* __restrict__ x, float cbl, 
     const int in_f = nb * 32;
     const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
     const char* tblc = reinterpret_cast<const char*>(tbl);
-
-    uint32_t pc[kGU][K], pn[kGU][K];
-    uint8_t ac[kGU], an[kGU];
-    load_group<K>(w, nb, w.wk * kGU, pc, ac);  // first group in flight before x
 
     const int total = (row1 - row0 + MP - 1) / MP * steps;
     float acc[MP];
@@ -115,7 +121,8 @@ __device__ __forceinline__ void gemv_expert(const T* __restrict__ x, float cbl, 
     for (int s = 0; s < total; ++s) {
         const int mr = min(MP, row1 - m0);
         const int c0 = (t - t % q) * sb;  // first block of the staged chunk
-        if (s + 1 < total) load_group<K>(w, nb, (t + 1 == steps ? 0 : (t + 1) * sb) + w.wk * kGU, pn, an);
+        if (s + 1 < total && !(s == 0 && pn_loaded))
+            load_group<K>(w, nb, (t + 1 == steps ? 0 : (t + 1) * sb) + w.wk * kGU, pn, an);
         if (t % q == 0) {
             __syncthreads();  // table built; the previous chunk's x (and its xmax half) no longer read
             const int cn = min(CH, nb - c0);
@@ -226,17 +233,6 @@ __global__ void __launch_bounds__(kGThreads, 1) grouped_gemv_kernel(
     extern __shared__ uint4 smem_ggemv[];
     uint32_t* tbl = reinterpret_cast<uint32_t*>(smem_ggemv);
     pdl_trigger();
-    // The decode table (or k = 5's lane codebook) depends on no earlier kernel: built before
-    // pdl_wait, so it overlaps the previous kernel's tail; the loop's first barrier publishes it.
-    float cbl = 0.f;
-    if constexpr (K <= 4) {
-        build_pair_lut<K, half>(tbl, codebook, threadIdx.x, blockDim.x);
-    } else {
-        cbl = lane_codebook<K>(codebook, threadIdx.x & 31);
-    }
-    pdl_wait();
-    moe::Item it;
-    if (!moe::find_item(offs, n_exp, rows, 0, static_cast<int>(blockIdx.y), it)) return;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n_tiles = (N + kTileN - 1) / kTileN;
     GemvWarp w;
@@ -246,21 +242,56 @@ __global__ void __launch_bounds__(kGThreads, 1) grouped_gemv_kernel(
     const int rg = static_cast<int>(blockIdx.x) * rgpc + w.rgl;
     w.active = rg < 4 * n_tiles;
     w.row = rg * 32 + lane;
-    const size_t tile = static_cast<size_t>(it.expert) * n_tiles + (w.active ? rg >> 2 : 0);
     const int col = (rg & 3) * 32 + lane;
-    w.P = packed_t + tile * nb * K * kTileN + col;
-    w.A = absmax_t + tile * nb * kTileN + col;
+    auto at_expert = [&](int e) {
+        const size_t tile = static_cast<size_t>(e) * n_tiles + (w.active ? rg >> 2 : 0);
+        w.P = packed_t + tile * nb * K * kTileN + col;
+        w.A = absmax_t + tile * nb * kTileN + col;
+    };
+    uint32_t pc[kGU][K], pn[kGU][K];
+    uint8_t ac[kGU], an[kGU];
+    // One slot per expert (the host's slots = min(experts, rows) reached the expert count): slot =
+    // expert, known before pdl_wait, so the weights (which no kernel writes) are requested before
+    // the table is built; an expert without rows exits after the offsets.
+    // Otherwise slot s is the s-th expert with rows, found from the offsets.
+    const bool direct = static_cast<int>(gridDim.y) == n_exp;
+    const bool pn_loaded = direct && nb > w.WK * kGU;  // a second step: its group is the first prefetch
+    if (direct) {
+        at_expert(static_cast<int>(blockIdx.y));
+        load_group<K>(w, nb, w.wk * kGU, pc, ac);
+        if (pn_loaded) load_group<K>(w, nb, w.WK * kGU + w.wk * kGU, pn, an);
+    }
+    // The decode table (or k = 5's lane codebook) depends on no earlier kernel: built before
+    // pdl_wait, so it overlaps the previous kernel's tail; the loop's first barrier publishes it.
+    float cbl = 0.f;
+    if constexpr (K <= 4) {
+        build_pair_lut<K, half>(tbl, codebook, threadIdx.x, blockDim.x);
+    } else {
+        cbl = lane_codebook<K>(codebook, lane);
+    }
+    pdl_wait();
+    moe::Item it;
+    if (direct) {
+        if (!moe::expert_rows(offs, static_cast<int>(blockIdx.y), rows, it)) return;
+    } else {
+        if (!moe::find_item(offs, n_exp, rows, 0, static_cast<int>(blockIdx.y), it)) return;
+        at_expert(it.expert);
+        load_group<K>(w, nb, w.wk * kGU, pc, ac);  // first group in flight before x
+    }
     char* xs = reinterpret_cast<char*>(tbl + (K <= 4 ? kLutWords : 0));
     float* red = reinterpret_cast<float*>(xs + xbytes);
     __shared__ unsigned xmax[2][kGMaxRows];  // bf16: max |x| bits per staged row, two chunks in turn
     if (threadIdx.x < 2 * kGMaxRows) xmax[threadIdx.x / kGMaxRows][threadIdx.x % kGMaxRows] = 0u;
     const int n = it.row1 - it.row0;  // CTA-uniform
     if (n == 1) {
-        gemv_expert<T, K, 1>(x, cbl, y, w, it.row0, it.row1, N, nb, tbl, xs, xbytes, red, xmax);
+        gemv_expert<T, K, 1>(x, cbl, y, w, it.row0, it.row1, N, nb, tbl, xs, xbytes, red, xmax,
+                                pc, ac, pn, an, pn_loaded);
     } else if (n == 2) {
-        gemv_expert<T, K, 2>(x, cbl, y, w, it.row0, it.row1, N, nb, tbl, xs, xbytes, red, xmax);
+        gemv_expert<T, K, 2>(x, cbl, y, w, it.row0, it.row1, N, nb, tbl, xs, xbytes, red, xmax,
+                                pc, ac, pn, an, pn_loaded);
     } else {
-        gemv_expert<T, K, kGMaxRows>(x, cbl, y, w, it.row0, it.row1, N, nb, tbl, xs, xbytes, red, xmax);
+        gemv_expert<T, K, kGMaxRows>(x, cbl, y, w, it.row0, it.row1, N, nb, tbl, xs, xbytes, red, xmax,
+                                pc, ac, pn, an, pn_loaded);
     }
 }
 

@@ -63,6 +63,17 @@ __device__ __forceinline__ bool find_item(const int* __restrict__ offs, int n_ex
     return false;
 }
 
+// Expert e's rows with find_item's clamping (every lane gets them): false when it has none.
+__device__ __forceinline__ bool expert_rows(const int* __restrict__ offs, int e, int rows, Item& it) {
+    const int a = min(max(offs[e], 0), rows);
+    const int b = min(max(offs[e + 1], a), rows);
+    it.expert = e;
+    it.row0 = a;
+    it.row1 = b;
+    it.sub = 0;
+    return b > a;
+}
+
 // Total item count of the list above (every lane gets it): the same clamping and the same
 // per-expert counts as find_item, so find_item(w) succeeds exactly for w < count_items().
 __device__ __forceinline__ int count_items(const int* __restrict__ offs, int n_exp, int rows, int rows_per_item) {
