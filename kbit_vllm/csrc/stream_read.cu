@@ -44,11 +44,9 @@ __global__ void __launch_bounds__(kReadThreads) stream_read_kernel(const uint4* 
 #pragma unroll
         for (int u = 0; u < U; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
     }
-    if (base < words) {  // the one partial chunk, if any
-        for (long long i = base + threadIdx.x; i < words; i += kReadThreads) {
-            const uint4 v = ld_stream16(src + i);
-            acc ^= v.x ^ v.y ^ v.z ^ v.w;
-        }
+    for (long long i = base + threadIdx.x; i < words; i += kReadThreads) {  // the one partial chunk, if any
+        const uint4 v = ld_stream16(src + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) acc ^= __shfl_xor_sync(0xffffffffu, acc, o);
