@@ -13,11 +13,11 @@
 // As in the dense GEMV (kbit_gemv.cu) a warp owns 32 output rows (lane = row: one plane of 32
 // rows is 128 contiguous bytes) and a share of K: the wk warps of a row group take turns over
 // groups of kGU blocks. A warp keeps its next group's words in flight while it decodes the
-// current one (register double buffer), and requests its first two groups before x is staged, so
-// the weight stream starts as soon as the offsets are read, or before pdl_wait where slot s is
-// expert s; the host spreads K over as many warps as 16 an SM allow, down to one group each
-// (ops.grouped_gemv_config). Launched with PDL
-// (pdl.cuh): the decode table, built from the codebook alone, overlaps the previous kernel's tail;
+// current one (register double buffer), and requests its first group (and the next step's) before
+// x is staged, so the weight stream starts as soon as the offsets are read, or before pdl_wait
+// where slot s is expert s; the host spreads K over as many warps as 16 an SM allow, down to one
+// group each (ops.grouped_gemv_config). Launched with PDL (pdl.cuh): the decode table, built
+// from the codebook alone, overlaps the previous kernel's tail;
 // the offsets, x and y come after pdl_wait. H200 session 44, fp16 x back to back, k=4 T=1 µs before
 // / after these three: seed8 gate 6.1 -> 4.4, down 6.4 -> 4.1, qwen128 gate 7.9 -> 6.0, down 7.9 -> 5.9.
 // An expert's rows are taken in passes of MP rows (MP = 1, 2 or 4, picked per CTA from its row
@@ -284,14 +284,14 @@ __global__ void __launch_bounds__(kGThreads, 1) grouped_gemv_kernel(
     if (threadIdx.x < 2 * kGMaxRows) xmax[threadIdx.x / kGMaxRows][threadIdx.x % kGMaxRows] = 0u;
     const int n = it.row1 - it.row0;  // CTA-uniform
     if (n == 1) {
-        gemv_expert<T, K, 1>(x, cbl, y, w, it.row0, it.row1, N, nb, tbl, xs, xbytes, red, xmax,
-                                pc, ac, pn, an, pn_loaded);
+        gemv_expert<T, K, 1>(x, cbl, y, w, it.row0, it.row1, N, nb, tbl, xs, xbytes, red, xmax, pc, ac, pn,
+                             an, pn_loaded);
     } else if (n == 2) {
-        gemv_expert<T, K, 2>(x, cbl, y, w, it.row0, it.row1, N, nb, tbl, xs, xbytes, red, xmax,
-                                pc, ac, pn, an, pn_loaded);
+        gemv_expert<T, K, 2>(x, cbl, y, w, it.row0, it.row1, N, nb, tbl, xs, xbytes, red, xmax, pc, ac, pn,
+                             an, pn_loaded);
     } else {
-        gemv_expert<T, K, kGMaxRows>(x, cbl, y, w, it.row0, it.row1, N, nb, tbl, xs, xbytes, red, xmax,
-                                pc, ac, pn, an, pn_loaded);
+        gemv_expert<T, K, kGMaxRows>(x, cbl, y, w, it.row0, it.row1, N, nb, tbl, xs, xbytes, red, xmax, pc, ac, pn,
+                                     an, pn_loaded);
     }
 }
 
