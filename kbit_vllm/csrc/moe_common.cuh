@@ -18,10 +18,22 @@ struct Item {
     int sub;     // index of this item among the expert's items
 };
 
+// An expert's rows [a, b) from its two offsets, clamped to [0, rows] and made non-decreasing, so
+// bad offsets never address memory outside x / y (every kernel reads offsets through this).
+__device__ __forceinline__ int2 clamp_rows(int lo, int hi, int rows) {
+    const int a = min(max(lo, 0), rows);
+    return make_int2(a, min(max(hi, a), rows));
+}
+
+// Work items of an expert with rows [a, b): ceil((b - a) / rows_per_item), or one for any rows
+// when rows_per_item <= 0.
+__device__ __forceinline__ int span_items(int2 r, int rows_per_item) {
+    return rows_per_item > 0 ? (r.y - r.x + rows_per_item - 1) / rows_per_item : (r.y > r.x ? 1 : 0);
+}
+
 // Item w (>= 0) of the list above; false when there are fewer items. Every lane of the calling
 // warp gets the same answer, so every warp of a CTA can call it with the same w (no barrier).
-// Offsets are clamped to [0, rows] and made non-decreasing, so bad offsets never address memory
-// outside x / y. Reads 128 experts' offsets per round trip.
+// Offsets are clamped (clamp_rows). Reads 128 experts' offsets per round trip.
 __device__ __forceinline__ bool find_item(const int* __restrict__ offs, int n_exp, int rows, int rows_per_item,
                                           int w, Item& it) {
     constexpr unsigned kAll = 0xffffffffu;
@@ -37,9 +49,8 @@ __device__ __forceinline__ bool find_item(const int* __restrict__ offs, int n_ex
         }
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-            const int a = min(max(lo[u], 0), rows);
-            const int b = min(max(hi[u], a), rows);
-            const int n = rows_per_item > 0 ? (b - a + rows_per_item - 1) / rows_per_item : (b > a ? 1 : 0);
+            const int2 r = clamp_rows(lo[u], hi[u], rows);
+            const int n = span_items(r, rows_per_item);
             int incl = n;  // inclusive prefix sum of the item counts over the lanes
 #pragma unroll
             for (int o = 1; o < 32; o <<= 1) {
@@ -52,8 +63,8 @@ __device__ __forceinline__ bool find_item(const int* __restrict__ offs, int n_ex
                 const unsigned hit = __ballot_sync(kAll, n > 0 && w >= before + excl && w < before + incl);
                 const int src = __ffs(hit) - 1;
                 it.expert = e0 + 32 * u + src;
-                it.row0 = __shfl_sync(kAll, a, src);
-                it.row1 = __shfl_sync(kAll, b, src);
+                it.row0 = __shfl_sync(kAll, r.x, src);
+                it.row1 = __shfl_sync(kAll, r.y, src);
                 it.sub = w - before - __shfl_sync(kAll, excl, src);
                 return true;
             }
@@ -63,15 +74,14 @@ __device__ __forceinline__ bool find_item(const int* __restrict__ offs, int n_ex
     return false;
 }
 
-// Expert e's rows with find_item's clamping (every lane gets them): false when it has none.
+// Expert e's rows, clamped (clamp_rows; every lane gets them): false when it has none.
 __device__ __forceinline__ bool expert_rows(const int* __restrict__ offs, int e, int rows, Item& it) {
-    const int a = min(max(offs[e], 0), rows);
-    const int b = min(max(offs[e + 1], a), rows);
+    const int2 r = clamp_rows(offs[e], offs[e + 1], rows);
     it.expert = e;
-    it.row0 = a;
-    it.row1 = b;
+    it.row0 = r.x;
+    it.row1 = r.y;
     it.sub = 0;
-    return b > a;
+    return r.y > r.x;
 }
 
 // Total item count of the list above (every lane gets it): the same clamping and the same
@@ -80,9 +90,7 @@ __device__ __forceinline__ int count_items(const int* __restrict__ offs, int n_e
     const int lane = threadIdx.x & 31;
     int total = 0;
     for (int e = lane; e < n_exp; e += 32) {
-        const int a = min(max(offs[e], 0), rows);
-        const int b = min(max(offs[e + 1], a), rows);
-        total += rows_per_item > 0 ? (b - a + rows_per_item - 1) / rows_per_item : (b > a ? 1 : 0);
+        total += span_items(clamp_rows(offs[e], offs[e + 1], rows), rows_per_item);
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
