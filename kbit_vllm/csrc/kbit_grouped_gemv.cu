@@ -25,8 +25,13 @@
 // allocation, so larger passes would slow the common 1-row path.
 // Decode: k = 2..4 through the shared pair table (kbit_lut.cuh); k = 5 through the lane
 // codebook shuffle (kbit_tile.cuh). half2 FMAs flushed to fp32 once per block (times the block
-// scale). x is staged in shared memory in (group, pair) order as fp16; bf16 x as fp16 times a
-// power of two per row and staged chunk (bf16_scaled.cuh), whose inverse joins the block scale.
+// scale). Each warp stages only the x of its own blocks (WarpX: one uint4 a lane, the next step's
+// requested into registers while the current one is decoded) in shared memory in (group, pair)
+// order as fp16, behind __syncwarp: the only CTA barriers are the table's (before pdl_wait) and
+// the pass's reduction. bf16 x is staged as fp16 times a power of two per row and warp step
+// (bf16_scaled.cuh), whose inverse joins the block scale. H200 session 46, fp16 back to back, k=4
+// µs, CTA-wide chunks / per warp: seed8 gate T=1 3.94 -> 3.73, T=2 4.69 -> 4.41; down T=1 3.68 ->
+// 3.47; qwen128 gate T=1 5.92 -> 5.56, T=2 10.2 -> 9.6.
 // The wk warps' partial sums are added in a fixed order (deterministic; no atomics).
 #include "bf16_scaled.cuh"
 #include "kbit_lut.cuh"
@@ -45,9 +50,7 @@ constexpr int kGMaxRows = 4;          // largest rows per pass (8 would cost the
 // SMs once (one CTA an SM, the same 128 registers a thread as two CTAs of 8 warps). H200 session
 // 44, seed8 gate k=4 fp16 back to back, 8 / 16 warps along K: T=1 5.3 / 4.4 us, T=4 8.8 / 6.4.
 constexpr int kGThreads = 512;
-constexpr int kGXBudget = 16 * 1024;  // bytes of staged x, at least
-
-constexpr int kGXBlockBytes = 64;     // staged x per row and block: 16 half2 pairs
+constexpr int kGXWords = kGMaxRows * kGU * 16;  // staged x words a warp: 16 half2 pairs a row and block
 
 struct GemvWarp {
     const uint32_t* P;  // plane words of this lane's row at block 0; block j plane b at P[(j * K + b) * 128]
@@ -90,86 +93,99 @@ __device__ __forceinline__ void pairs_half(const uint32_t (&p)[K], int g, float 
     }
 }
 
+// This warp's x for one step: MP rows x its kGU blocks, 16 uint4 (8-element runs) a row, at most
+// two a lane (lane + 32 v -> row m = idx / 16, block u = idx / 4 % 4, run i = idx % 4), raw.
+template <typename T, int MP>
+struct WarpX {
+    static constexpr int kV = MP == 4 ? 2 : 1;
+    uint4 v[kV];
+
+    __device__ __forceinline__ void load(const T* __restrict__ x, const GemvWarp& w, int in_f, int nb, int j0, int m0,
+                                         int mr) {
+        const int lane = threadIdx.x & 31;
+#pragma unroll
+        for (int q = 0; q < kV; ++q) {
+            const int idx = lane + 32 * q, m = idx >> 4, j = j0 + ((idx >> 2) & 3);
+            const bool ok = w.active && idx < 16 * MP && m < mr && j < nb;
+            v[q] = ok ? __ldg(reinterpret_cast<const uint4*>(x + static_cast<size_t>(m0 + m) * in_f) + j * 4 +
+                              (idx & 3))
+                      : make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+
+    // Into the warp's staging words in (block, group, pair) order: pair g of run i of block u at
+    // word 16 u + 4 g + i of the row (so a group is one uint4). bf16 x as fp16 times a power of two
+    // per row (bf16_scaled.cuh); xinv gets each row's inverse. The caller fences with __syncwarp.
+    __device__ __forceinline__ void store(uint32_t* xw, float (&xinv)[MP]) const {
+        constexpr bool kBf16 = std::is_same<T, __nv_bfloat16>::value;
+        const int lane = threadIdx.x & 31;
+#pragma unroll
+        for (int q = 0; q < kV; ++q) {
+            const int idx = lane + 32 * q, m = idx >> 4;
+            uint4 u = v[q];
+            if constexpr (kBf16) {
+                // Row max |x| over its 16 lanes, as bits (a NaN wins: scale 1, as in bf16x8_absmax's callers).
+                unsigned mx = __float_as_uint(bf16x8_absmax(u));
+#pragma unroll
+                for (int o = 1; o < 16; o <<= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+                float sc, inv;
+                x_pow2_scale(__uint_as_float(mx), sc, inv);
+                u = bf16x8_to_scaled_h8(u, sc);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {  // rows 2q and 2q + 1: lanes 0 and 16
+                    const float r = __shfl_sync(0xffffffffu, inv, 16 * h);
+                    if (2 * q + h < MP) xinv[2 * q + h] = r;
+                }
+            }
+            if (idx < 16 * MP) {
+                uint32_t* d = xw + (idx >> 2) * 16 + (idx & 3);
+                d[0] = u.x, d[4] = u.y, d[8] = u.z, d[12] = u.w;
+            }
+        }
+    }
+};
+
 // All rows [row0, row1) of one expert for this CTA's row groups, in passes of MP rows. The caller
 // has requested the warp's first load group into pc / ac, and, when pn_loaded, the group the first
-// step prefetches into pn / an.
+// step prefetches into pn / an. Each warp stages the x of its own blocks (xw, 16 MP uint4), one step
+// ahead in registers: no CTA barrier until the pass's sums meet.
 template <typename T, int K, int MP>
 __device__ __forceinline__ void gemv_expert(const T* __restrict__ x, float cbl, T* __restrict__ y, const GemvWarp& w,
-                                            int row0, int row1, int N, int nb, uint32_t* tbl, char* xs, int xbytes,
-                                            float* red, unsigned (&xmax)[2][kGMaxRows], uint32_t (&pc)[kGU][K],
-                                            uint8_t (&ac)[kGU], uint32_t (&pn)[kGU][K], uint8_t (&an)[kGU],
-                                            bool pn_loaded) {
-    constexpr bool kBf16 = std::is_same<T, __nv_bfloat16>::value;
-    constexpr int XB = kGXBlockBytes;
+                                            int row0, int row1, int N, int nb, const uint32_t* tbl, uint32_t* xw,
+                                            float* red, uint32_t (&pc)[kGU][K], uint8_t (&ac)[kGU],
+                                            uint32_t (&pn)[kGU][K], uint8_t (&an)[kGU], bool pn_loaded) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int sb = w.WK * kGU;                      // blocks per step (all warps of a row group)
+    const int sb = w.WK * kGU;  // blocks per step (all warps of a row group)
     const int steps = (nb + sb - 1) / sb;
-    const int q = max(1, xbytes / (MP * XB * sb));  // steps per staged x chunk
-    const int CH = q * sb;                          // blocks per staged x chunk
     const int in_f = nb * 32;
     const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
     const char* tblc = reinterpret_cast<const char*>(tbl);
+    const uint4* xv4 = reinterpret_cast<const uint4*>(xw);
 
     const int total = (row1 - row0 + MP - 1) / MP * steps;
     float acc[MP];
 #pragma unroll
     for (int m = 0; m < MP; ++m) acc[m] = 0.f;
-    float xinv[MP];  // bf16: the staged chunk's inverse row scales (fp16 x: 1)
+    float xinv[MP];  // bf16: the staged step's inverse row scales (fp16 x: 1)
 #pragma unroll
     for (int m = 0; m < MP; ++m) xinv[m] = 1.f;
-    int t = 0, m0 = row0, chunk = 0;
+    WarpX<T, MP> xn;
+    xn.load(x, w, in_f, nb, w.wk * kGU, row0, min(MP, row1 - row0));
+    xn.store(xw, xinv);
+    __syncwarp();
+    int t = 0, m0 = row0;
     for (int s = 0; s < total; ++s) {
         const int mr = min(MP, row1 - m0);
-        const int c0 = (t - t % q) * sb;  // first block of the staged chunk
-        if (s + 1 < total && !(s == 0 && pn_loaded))
-            load_group<K>(w, nb, (t + 1 == steps ? 0 : (t + 1) * sb) + w.wk * kGU, pn, an);
-        if (t % q == 0) {
-            __syncthreads();  // table built; the previous chunk's x (and its xmax half) no longer read
-            const int cn = min(CH, nb - c0);
-            const int par = chunk++ & 1;  // xmax half of this chunk; the other is zeroed for the next
-            // (x[8i+2g], x[8i+2g+1]) of 8-element run r (block r / 4, i = r % 4) at word 4g + i.
-            auto words = [&](int i, int& m, uint32_t*& dst) {
-                m = i / (cn * 4);
-                const int r = i - m * (cn * 4);
-                dst = reinterpret_cast<uint32_t*>(xs) + (m * CH + (r >> 2)) * 16 + (r & 3);
-                return r;
-            };
-            for (int i = threadIdx.x; i < MP * cn * 4; i += blockDim.x) {
-                int m;
-                uint32_t* dst;
-                const int r = words(i, m, dst);
-                uint4 v = make_uint4(0u, 0u, 0u, 0u);
-                if (m < mr)
-                    v = __ldg(reinterpret_cast<const uint4*>(x + static_cast<size_t>(m0 + m) * in_f +
-                                                             static_cast<size_t>(c0) * 32 + r * 8));
-                dst[0] = v.x, dst[4] = v.y, dst[8] = v.z, dst[12] = v.w;
-                if constexpr (kBf16)  // >= 0: the float bits order as the values
-                    atomicMax(&xmax[par][m], __float_as_uint(bf16x8_absmax(v)));
-            }
-            __syncthreads();
-            if constexpr (kBf16) {  // each thread scales the words it staged
-                if (threadIdx.x < kGMaxRows) xmax[par ^ 1][threadIdx.x] = 0u;
-                float xsc[MP];
-#pragma unroll
-                for (int m = 0; m < MP; ++m) x_pow2_scale(__uint_as_float(xmax[par][m]), xsc[m], xinv[m]);
-                for (int i = threadIdx.x; i < MP * cn * 4; i += blockDim.x) {
-                    int m;
-                    uint32_t* dst;
-                    words(i, m, dst);
-                    float sc = xsc[0];
-#pragma unroll
-                    for (int mm = 1; mm < MP; ++mm) sc = m == mm ? xsc[mm] : sc;
-#pragma unroll
-                    for (int g = 0; g < 4; ++g) dst[4 * g] = bf16x2_to_scaled_h2(dst[4 * g], sc);
-                }
-                __syncthreads();
-            }
+        const bool last_t = t + 1 == steps;
+        const int tn = last_t ? 0 : t + 1, mn = last_t ? m0 + MP : m0;  // the next step
+        if (s + 1 < total) {
+            if (!(s == 0 && pn_loaded)) load_group<K>(w, nb, tn * sb + w.wk * kGU, pn, an);
+            xn.load(x, w, in_f, nb, tn * sb + w.wk * kGU, mn, min(MP, row1 - mn));
         }
         const int jb = t * sb + w.wk * kGU;
         if (w.active) {  // warp-uniform
 #pragma unroll
             for (int u = 0; u < kGU; ++u) {
-                const int jl = jb + u - c0;
                 if (jb + u >= nb) break;  // warp-uniform
                 const float sc = decode_e4m4(ac[u]);
                 half2 hp[MP][2];
@@ -180,10 +196,7 @@ __device__ __forceinline__ void gemv_expert(const T* __restrict__ x, float cbl, 
                     half2 wv[4];
                     pairs_half<K>(pc[u], g, cbl, tblc, lane4, wv);
 #pragma unroll
-                    for (int m = 0; m < MP; ++m) {
-                        const uint4 xv = reinterpret_cast<const uint4*>(xs)[(m * CH + jl) * 4 + g];
-                        hp[m][g & 1] = hfma2_x4(wv, xv, hp[m][g & 1]);
-                    }
+                    for (int m = 0; m < MP; ++m) hp[m][g & 1] = hfma2_x4(wv, xv4[(m * kGU + u) * 4 + g], hp[m][g & 1]);
                 }
 #pragma unroll
                 for (int m = 0; m < MP; ++m) {
@@ -192,8 +205,9 @@ __device__ __forceinline__ void gemv_expert(const T* __restrict__ x, float cbl, 
                 }
             }
         }
-        if (t == steps - 1) {
+        if (last_t) {
             // End of a pass: the WK partials of each row go through shared memory, summed in a fixed order.
+            if (m0 != row0) __syncthreads();  // the previous pass's sums are read
 #pragma unroll
             for (int m = 0; m < MP; ++m) {
                 red[(warp * MP + m) * 32 + lane] = acc[m];
@@ -210,11 +224,12 @@ __device__ __forceinline__ void gemv_expert(const T* __restrict__ x, float cbl, 
                     }
                 }
             }
-            // red is next written at the end of the next pass, after its first staging barrier.
-            t = 0;
-            m0 += MP;
-        } else {
-            ++t;
+        }
+        t = tn, m0 = mn;
+        if (s + 1 < total) {
+            __syncwarp();  // this step's x is read
+            xn.store(xw, xinv);
+            __syncwarp();
         }
 #pragma unroll
         for (int u = 0; u < kGU; ++u) {
@@ -229,7 +244,7 @@ template <typename T, int K>
 __global__ void __launch_bounds__(kGThreads, 1) grouped_gemv_kernel(
     const T* __restrict__ x, const uint32_t* __restrict__ packed_t, const uint8_t* __restrict__ absmax_t,
     const float* __restrict__ codebook, const int* __restrict__ offs, T* __restrict__ y, int n_exp, int rows, int N,
-    int nb, int rgpc, int xbytes) {
+    int nb, int rgpc) {
     extern __shared__ uint4 smem_ggemv[];
     uint32_t* tbl = reinterpret_cast<uint32_t*>(smem_ggemv);
     pdl_trigger();
@@ -262,13 +277,14 @@ __global__ void __launch_bounds__(kGThreads, 1) grouped_gemv_kernel(
         if (pn_loaded) load_group<K>(w, nb, w.WK * kGU + w.wk * kGU, pn, an);
     }
     // The decode table (or k = 5's lane codebook) depends on no earlier kernel: built before
-    // pdl_wait, so it overlaps the previous kernel's tail; the loop's first barrier publishes it.
+    // pdl_wait, so it overlaps the previous kernel's tail.
     float cbl = 0.f;
     if constexpr (K <= 4) {
         build_pair_lut<K, half>(tbl, codebook, threadIdx.x, blockDim.x);
     } else {
         cbl = lane_codebook<K>(codebook, lane);
     }
+    __syncthreads();  // the table is built
     pdl_wait();
     moe::Item it;
     if (direct) {
@@ -278,20 +294,16 @@ __global__ void __launch_bounds__(kGThreads, 1) grouped_gemv_kernel(
         at_expert(it.expert);
         load_group<K>(w, nb, w.wk * kGU, pc, ac);  // first group in flight before x
     }
-    char* xs = reinterpret_cast<char*>(tbl + (K <= 4 ? kLutWords : 0));
-    float* red = reinterpret_cast<float*>(xs + xbytes);
-    __shared__ unsigned xmax[2][kGMaxRows];  // bf16: max |x| bits per staged row, two chunks in turn
-    if (threadIdx.x < 2 * kGMaxRows) xmax[threadIdx.x / kGMaxRows][threadIdx.x % kGMaxRows] = 0u;
+    uint32_t* xs = tbl + (K <= 4 ? kLutWords : 0);  // kGXWords a warp
+    uint32_t* xw = xs + warp * kGXWords;
+    float* red = reinterpret_cast<float*>(xs + (blockDim.x >> 5) * kGXWords);
     const int n = it.row1 - it.row0;  // CTA-uniform
     if (n == 1) {
-        gemv_expert<T, K, 1>(x, cbl, y, w, it.row0, it.row1, N, nb, tbl, xs, xbytes, red, xmax, pc, ac, pn,
-                             an, pn_loaded);
+        gemv_expert<T, K, 1>(x, cbl, y, w, it.row0, it.row1, N, nb, tbl, xw, red, pc, ac, pn, an, pn_loaded);
     } else if (n == 2) {
-        gemv_expert<T, K, 2>(x, cbl, y, w, it.row0, it.row1, N, nb, tbl, xs, xbytes, red, xmax, pc, ac, pn,
-                             an, pn_loaded);
+        gemv_expert<T, K, 2>(x, cbl, y, w, it.row0, it.row1, N, nb, tbl, xw, red, pc, ac, pn, an, pn_loaded);
     } else {
-        gemv_expert<T, K, kGMaxRows>(x, cbl, y, w, it.row0, it.row1, N, nb, tbl, xs, xbytes, red, xmax, pc, ac, pn,
-                                     an, pn_loaded);
+        gemv_expert<T, K, kGMaxRows>(x, cbl, y, w, it.row0, it.row1, N, nb, tbl, xw, red, pc, ac, pn, an, pn_loaded);
     }
 }
 
@@ -299,8 +311,8 @@ template <typename T, int K>
 int launch_grouped_gemv_k(const void* x, const void* pt, const uint8_t* at, const float* cb, const int* offs, void* y,
                           int n_exp, int rows, int N, int nb, int slots, int rgpc, int wk, cudaStream_t stream) {
     const int threads = rgpc * wk * 32;
-    const int xbytes = max(kGXBudget, wk * kGU * kGMaxRows * kGXBlockBytes);
-    const size_t smem = static_cast<size_t>(K <= 4 ? kLutWords * 4 : 0) + static_cast<size_t>(xbytes) +
+    const size_t smem = static_cast<size_t>(K <= 4 ? kLutWords * 4 : 0) +
+                        static_cast<size_t>(threads / 32) * kGXWords * sizeof(uint32_t) +
                         static_cast<size_t>(threads / 32) * kGMaxRows * 32 * sizeof(float);
     auto kern = grouped_gemv_kernel<T, K>;
     if (smem > 48 * 1024) {
@@ -313,7 +325,7 @@ int launch_grouped_gemv_k(const void* x, const void* pt, const uint8_t* at, cons
     cudaLaunchAttribute attrs[1];
     const cudaLaunchConfig_t cfg = pdl_config(grid, dim3(threads), smem, stream, attrs);
     const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, static_cast<const T*>(x), static_cast<const uint32_t*>(pt), at,
-                                             cb, offs, static_cast<T*>(y), n_exp, rows, N, nb, rgpc, xbytes);
+                                             cb, offs, static_cast<T*>(y), n_exp, rows, N, nb, rgpc);
     if (e != cudaSuccess) return static_cast<int>(e);
     KBIT_RETURN_LAUNCH_STATUS();
 }
