@@ -4,6 +4,7 @@
 // [splits, M, out]; splitk_reduce sums them in a fixed order (deterministic), adds the bias and
 // converts.
 #include "awq_mma_tile.cuh"
+#include "pdl.cuh"
 
 namespace awq {
 
@@ -22,6 +23,8 @@ mma_kernel(const T* __restrict__ x, const int32_t* __restrict__ wq, const T* __r
 template <typename T>
 __global__ void splitk_reduce(const float* __restrict__ partial, const T* __restrict__ bias, T* __restrict__ y,
                               int splits, int M, int out) {
+    kbit::pdl_trigger();
+    kbit::pdl_wait();  // the partials are the previous kernel's
     const long long idx = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
     const long long total = static_cast<long long>(M) * out;
     if (idx >= total) return;
@@ -35,7 +38,11 @@ template <typename T>
 int launch_splitk_reduce(const float* partial, const T* bias, T* y, int splits, int M, int out, cudaStream_t stream) {
     const long long total = static_cast<long long>(M) * out;
     if (total == 0) return 0;
-    splitk_reduce<T><<<static_cast<unsigned>((total + 255) / 256), 256, 0, stream>>>(partial, bias, y, splits, M, out);
+    cudaLaunchAttribute attrs[1];
+    const cudaLaunchConfig_t cfg =
+        kbit::pdl_config(dim3(static_cast<unsigned>((total + 255) / 256)), dim3(256), 0, stream, attrs);
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, splitk_reduce<T>, partial, bias, y, splits, M, out);
+    if (e != cudaSuccess) return static_cast<int>(e);
     return static_cast<int>(cudaGetLastError());
 }
 
