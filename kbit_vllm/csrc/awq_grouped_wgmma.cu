@@ -19,6 +19,7 @@
 #include "awq_mma_tile.cuh"
 #include "awq_wgmma_tile.cuh"
 #include "moe_common.cuh"
+#include "pdl.cuh"
 
 namespace awq {
 
@@ -32,6 +33,10 @@ __global__ void __launch_bounds__(kAwThreads, AwCfg<R>::kOneCta ? 1 : 2)
                          int st_per_split) {
 #if defined(KBIT_WGMMA)
     using C = AwCfg<R>;
+    // Launched with PDL (pdl.cuh): the launch overlaps the previous kernel's tail; everything here
+    // follows pdl_wait, as the item (the offsets) names the expert of every load.
+    kbit::pdl_trigger();
+    kbit::pdl_wait();
     moe::Item item;
     if (!moe::find_item(offs, n_exp, rows, R, static_cast<int>(blockIdx.y), item)) return;  // CTA-uniform
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -125,8 +130,11 @@ int launch_rows(const CUtensorMap& tmx, const CUtensorMap& tmw, const CUtensorMa
     if (attr != cudaSuccess) return static_cast<int>(attr);
     const dim3 grid(static_cast<unsigned>((out + kAwCols - 1) / kAwCols), static_cast<unsigned>(items),
                     static_cast<unsigned>(splits));
-    grouped_wgmma_kernel<T, R><<<grid, kAwThreads, AwCfg<R>::kBytes, stream>>>(tmx, tmw, tms, offs, y, partial, n_exp,
-                                                                             rows, in, out, group, st_per_split);
+    cudaLaunchAttribute attrs[1];
+    const cudaLaunchConfig_t cfg = kbit::pdl_config(grid, dim3(kAwThreads), AwCfg<R>::kBytes, stream, attrs);
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, grouped_wgmma_kernel<T, R>, tmx, tmw, tms, offs, y, partial, n_exp,
+                                             rows, in, out, group, st_per_split);
+    if (e != cudaSuccess) return static_cast<int>(e);
     return static_cast<int>(cudaGetLastError());
 }
 
