@@ -514,6 +514,21 @@ GROUPED_TILE_HEADROOM_SIGMAS = 2
 # bf16 µs 64- / 128-row tiles: seed 002's 512x2048 (8 stages) at 128 rows per expert (2 splits, 4
 # stages each) 8.9 / 17.6, at 256 (no split) 12.5 / 11.0; its 2048x512 at 128 (8 splits) 14.6 / 14.5.
 GROUPED_WIDE_MIN_STAGES = 8
+# K splits of the grouped wgmma's grids of row tiles up to GROUPED_SHORT_TILE_ROWS at k <= 4: at
+# least GROUPED_MIN_SPLIT_STAGES stages each and at most GROUPED_MAX_SPLITS (else: 4 and 16). H200 session 46 (both kernels and the reduction with PDL), fp16 µs by splits 1 / 2 / 4 / 8,
+# seed 002's 512x2048 (8 stages) at 8 tokens (16-row tiles), back to back: kbit k=4 7.63 / 7.39 /
+# 6.61 / 9.85, awq 6.94 / 7.07 / 5.87 / 8.94; behind a writer 7.97 / 8.28 / 7.18 / 10.85 and 7.33 /
+# 7.70 / 6.59 / 9.64; at 16 tokens (32-row tiles) k=4 8.81 / 8.66 / 7.59, behind a writer 8.92 /
+# 9.68 / 8.31; its 2048x512 (32 stages) 8 / 16 splits 7.19 / 7.56, behind a writer 8.13 / 8.65. At
+# 32 and 64 tokens (64-row tiles) 512x2048 ran fastest unsplit (k=4 1 / 2 / 4: 9.87 / 11.34 /
+# 10.23 and 12.77 / 15.04 / 14.73; behind a writer 9.75 / 12.08 / 10.35 and 9.91 / 15.48 / 14.98):
+# there the partials outweigh the weights; those tiles keep the rule before (2 splits; k = 5's
+# 32-copy table at one CTA per SM counts on it, grouped_wgmma_one_cta). So does k = 5 at every
+# tile: 4 splits move it to the 8-copy table at two CTAs per SM, 1-3% slower (512x2048 at 8 tokens
+# 2 / 4 splits 7.39 / 7.61, behind a writer 8.13 / 8.06; at 16 8.20 / 8.44, 8.98 / 9.07).
+GROUPED_SHORT_TILE_ROWS = 32
+GROUPED_MIN_SPLIT_STAGES = 2
+GROUPED_MAX_SPLITS = 8
 
 
 def grouped_wgmma_config(rows: int, n_exp: int, in_f: int, out_f: int, sms: int, bits: int,
@@ -523,8 +538,9 @@ def grouped_wgmma_config(rows: int, n_exp: int, in_f: int, out_f: int, sms: int,
     kernel's cost of a 128-row tile in 64-row tiles: the 128-row tile where wgmma_wide_rows takes it
     for more than 64 expected rows and its grid leaves every K split GROUPED_WIDE_MIN_STAGES
     stages), the grid's work-item bound, and K splits toward two CTAs per SM (one with the 128-row
-    tile, never past one wave); past half an SM's worth of CTAs only while the fp32 partials move
-    at most a quarter of the weight bytes.
+    tile, never past one wave; GROUPED_MIN_SPLIT_STAGES / GROUPED_MAX_SPLITS bound the splits of
+    tiles up to GROUPED_SHORT_TILE_ROWS rows at k <= 4); past half an SM's worth of CTAs only while
+    the fp32 partials move at most a quarter of the weight bytes.
 
     H200 awq (bench_moe.py, µs split / unsplit): seed 002's 2048x512 at 64 tokens, 16 CTAs, 12.6 /
     30.2, at 256 tokens, 64 CTAs, 25.0 / 30.4 (partials 5x the weights, still a win), at 512
@@ -545,7 +561,9 @@ def grouped_wgmma_config(rows: int, n_exp: int, in_f: int, out_f: int, sms: int,
         tiles = active * -(-per // r) * -(-out_f // 256)
         one = r == WGMMA_WIDE_ROWS  # one CTA per SM (128 accumulators a thread): no more than one wave
         target = sms if one else 2 * sms
-        if tiles < target:
+        if tiles < target and r <= GROUPED_SHORT_TILE_ROWS and bits <= 4:
+            splits = max(1, min(-(-target // tiles), stages // GROUPED_MIN_SPLIT_STAGES, GROUPED_MAX_SPLITS))
+        elif tiles < target:
             splits = max(1, min(target // tiles if one else -(-target // tiles), stages // 4, 16))
         else:
             splits = 1
