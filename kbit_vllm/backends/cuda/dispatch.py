@@ -515,17 +515,18 @@ GROUPED_TILE_HEADROOM_SIGMAS = 2
 # stages each) 8.9 / 17.6, at 256 (no split) 12.5 / 11.0; its 2048x512 at 128 (8 splits) 14.6 / 14.5.
 GROUPED_WIDE_MIN_STAGES = 8
 # K splits of the grouped wgmma's grids of row tiles up to GROUPED_SHORT_TILE_ROWS at k <= 4: at
-# least GROUPED_MIN_SPLIT_STAGES stages each and at most GROUPED_MAX_SPLITS (else: 4 and 16). H200 session 46 (both kernels and the reduction with PDL), fp16 µs by splits 1 / 2 / 4 / 8,
-# seed 002's 512x2048 (8 stages) at 8 tokens (16-row tiles), back to back: kbit k=4 7.63 / 7.39 /
-# 6.61 / 9.85, awq 6.94 / 7.07 / 5.87 / 8.94; behind a writer 7.97 / 8.28 / 7.18 / 10.85 and 7.33 /
-# 7.70 / 6.59 / 9.64; at 16 tokens (32-row tiles) k=4 8.81 / 8.66 / 7.59, behind a writer 8.92 /
-# 9.68 / 8.31; its 2048x512 (32 stages) 8 / 16 splits 7.19 / 7.56, behind a writer 8.13 / 8.65. At
-# 32 and 64 tokens (64-row tiles) 512x2048 ran fastest unsplit (k=4 1 / 2 / 4: 9.87 / 11.34 /
-# 10.23 and 12.77 / 15.04 / 14.73; behind a writer 9.75 / 12.08 / 10.35 and 9.91 / 15.48 / 14.98):
-# there the partials outweigh the weights; those tiles keep the rule before (2 splits; k = 5's
-# 32-copy table at one CTA per SM counts on it, grouped_wgmma_one_cta). So does k = 5 at every
-# tile: 4 splits move it to the 8-copy table at two CTAs per SM, 1-3% slower (512x2048 at 8 tokens
-# 2 / 4 splits 7.39 / 7.61, behind a writer 8.13 / 8.06; at 16 8.20 / 8.44, 8.98 / 9.07).
+# least GROUPED_MIN_SPLIT_STAGES stages each and at most GROUPED_MAX_SPLITS (else: 4 and 16). H200
+# session 46 (both kernels and the reduction with PDL), fp16 µs by splits 1 / 2 / 4 / 8, seed 002's
+# 512x2048 (8 stages) at 8 tokens (16-row tiles), back to back: kbit k=4 7.63 / 7.39 / 6.61 / 9.85,
+# awq 6.94 / 7.07 / 5.87 / 8.94; behind a writer 7.97 / 8.28 / 7.18 / 10.85 and 7.33 / 7.70 / 6.59 /
+# 9.64; at 16 tokens (32-row tiles) k=4 8.81 / 8.66 / 7.59, behind a writer 8.92 / 9.68 / 8.31; its
+# 2048x512 (32 stages) 8 / 16 splits 7.19 / 7.56, behind a writer 8.13 / 8.65. At 32 and 64 tokens
+# (64-row tiles) 512x2048 ran fastest unsplit (k=4 1 / 2 / 4: 9.87 / 11.34 / 10.23 and 12.77 / 15.04
+# / 14.73; behind a writer 9.75 / 12.08 / 10.35 and 9.91 / 15.48 / 14.98): there the partials
+# outweigh the weights; those tiles keep the rule before (2 splits; k = 5's 32-copy table at one CTA
+# per SM counts on it, grouped_wgmma_one_cta). So does k = 5 at every tile: 4 splits move it to the
+# 8-copy table at two CTAs per SM, 1-3% slower (512x2048 at 8 tokens 2 / 4 splits 7.39 / 7.61,
+# behind a writer 8.13 / 8.06; at 16 8.20 / 8.44, 8.98 / 9.07).
 GROUPED_SHORT_TILE_ROWS = 32
 GROUPED_MIN_SPLIT_STAGES = 2
 GROUPED_MAX_SPLITS = 8
