@@ -432,7 +432,8 @@ def test_awq_grouped_wgmma_config() -> None:
 def test_grouped_wgmma_short_tile_splits() -> None:
     """Row tiles up to GROUPED_SHORT_TILE_ROWS split K down to GROUPED_MIN_SPLIT_STAGES stages a split
     and at most GROUPED_MAX_SPLITS splits (seed 002's 512x2048 at 8 and 16 tokens: 4 splits, where
-    4 stages a split allowed 2), k <= 4; 64-row tiles and k = 5 keep 4 stages a split."""
+    4 stages a split allowed 2), k <= 4; k = 5 keeps 4 stages a split; 64-row tiles split only past
+    GROUPED_UNSPLIT_MAX_STAGES stages (512x2048 at 32 and 64 tokens: unsplit)."""
     sms = 132
 
     def cfg(rows: int, in_f: int, out_f: int) -> tuple[int, int, int]:
@@ -440,8 +441,9 @@ def test_grouped_wgmma_short_tile_splits() -> None:
 
     assert cfg(8 * 8, 512, 2048) == (16, 11, 4)
     assert cfg(16 * 8, 512, 2048) == (32, 11, 4)
-    assert cfg(32 * 8, 512, 2048)[::2] == (64, 2)
-    assert cfg(64 * 8, 512, 2048)[::2] == (64, 2)
+    assert cfg(32 * 8, 512, 2048)[::2] == (64, 1)  # 64-row tiles of 8 stages: unsplit
+    assert cfg(64 * 8, 512, 2048)[::2] == (64, 1)
+    assert cfg(64 * 8, 2048, 512)[::2] == (64, 8)  # 32 stages in 16 unsplit CTAs: split
     assert cfg(8 * 8, 2048, 512)[2] == dispatch.GROUPED_MAX_SPLITS == 8  # 16 tiles, 32 stages
     assert cfg(8 * 8, 128, 2048)[2] == 1  # 2 stages: one split of GROUPED_MIN_SPLIT_STAGES
     k5 = dispatch.grouped_wgmma_config(8 * 8, 8, 512, 2048, sms, 5, wide_cost=dispatch.wgmma_wide_tile_cost(5))

@@ -530,6 +530,10 @@ GROUPED_WIDE_MIN_STAGES = 8
 GROUPED_SHORT_TILE_ROWS = 32
 GROUPED_MIN_SPLIT_STAGES = 2
 GROUPED_MAX_SPLITS = 8
+# Larger tiles (64 rows, two CTAs per SM) at k <= 4 split only where an unsplit CTA runs more than
+# this many stages: 512x2048 above (8 stages) ran fastest unsplit at 32 and 64 tokens, while its
+# 2048x512 (32 stages, 16 unsplit CTAs) needs its splits (awq at 64 tokens 12.6 / 30.2, below).
+GROUPED_UNSPLIT_MAX_STAGES = 8
 
 
 def grouped_wgmma_config(rows: int, n_exp: int, in_f: int, out_f: int, sms: int, bits: int,
@@ -564,6 +568,8 @@ def grouped_wgmma_config(rows: int, n_exp: int, in_f: int, out_f: int, sms: int,
         target = sms if one else 2 * sms
         if tiles < target and r <= GROUPED_SHORT_TILE_ROWS and bits <= 4:
             splits = max(1, min(-(-target // tiles), stages // GROUPED_MIN_SPLIT_STAGES, GROUPED_MAX_SPLITS))
+        elif tiles < target and not one and bits <= 4 and stages <= GROUPED_UNSPLIT_MAX_STAGES:
+            splits = 1
         elif tiles < target:
             splits = max(1, min(target // tiles if one else -(-target // tiles), stages // 4, 16))
         else:
