@@ -22,8 +22,8 @@
 // expert, so every partial is written): the same y in every run.
 // Both kernels are launched with PDL (pdl.cuh). H200 session 46, k=4 µs before / after, fp16 x
 // back to back: seed8 gate at 8 tokens 7.81 -> 7.22, down 8.70 -> 7.41, at 16 9.77 -> 8.66 and
-// 10.2 -> 8.7; behind a writer of bf16 x 8.63 -> 7.55 and 8.70 -> 8.22 at 8 tokens, within 3% at
-// 64 and 256 and on Qwen3-MoE shapes.
+// 10.2 -> 8.7; behind a writer of bf16 x 8.63 -> 7.55 and 8.70 -> 8.22 at 8 tokens, within 3.5%
+// at 64 and 256 and on Qwen3-MoE shapes.
 #include "kbit_wgmma_tile.cuh"
 #include "moe_common.cuh"
 #include "pdl.cuh"
@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5>::kOneCta ? 1 : 2)
     // stages are requested before the tables are built, so the build hides under their latency;
     // the barrier after it publishes the tables and the initialized mbarriers. (The tables built
     // before pdl_wait instead: H200 session 46, k=4, fp16 back to back as fast at 8..64 tokens,
-    // behind a writer of bf16 x 3-11% slower at 64 and 256.)
+    // behind a writer of bf16 x 3-8% slower at 64 and 256 and on Qwen3-MoE shapes.)
     pdl_trigger();
     pdl_wait();
     moe::Item item;
