@@ -566,14 +566,13 @@ def grouped_wgmma_config(rows: int, n_exp: int, in_f: int, out_f: int, sms: int,
         tiles = active * -(-per // r) * -(-out_f // 256)
         one = r == WGMMA_WIDE_ROWS  # one CTA per SM (128 accumulators a thread): no more than one wave
         target = sms if one else 2 * sms
-        if tiles < target and r <= GROUPED_SHORT_TILE_ROWS and bits <= 4:
+        if tiles >= target or (bits <= 4 and not one and r > GROUPED_SHORT_TILE_ROWS
+                               and stages <= GROUPED_UNSPLIT_MAX_STAGES):
+            splits = 1
+        elif bits <= 4 and r <= GROUPED_SHORT_TILE_ROWS:
             splits = max(1, min(-(-target // tiles), stages // GROUPED_MIN_SPLIT_STAGES, GROUPED_MAX_SPLITS))
-        elif tiles < target and not one and bits <= 4 and stages <= GROUPED_UNSPLIT_MAX_STAGES:
-            splits = 1
-        elif tiles < target:
-            splits = max(1, min(target // tiles if one else -(-target // tiles), stages // 4, 16))
         else:
-            splits = 1
+            splits = max(1, min(target // tiles if one else -(-target // tiles), stages // 4, 16))
         if tiles > sms // 2 and 4 * (splits * rows * out_f * 4) > active * in_f * out_f * bits // 8:
             splits = 1
         return r, items, splits
