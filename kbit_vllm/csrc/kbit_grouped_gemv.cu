@@ -97,6 +97,7 @@ __device__ __forceinline__ void pairs_half(const uint32_t (&p)[K], int g, float 
 // two a lane (lane + 32 v -> row m = idx / 16, block u = idx / 4 % 4, run i = idx % 4), raw.
 template <typename T, int MP>
 struct WarpX {
+    static_assert(kGU == 4 && MP <= 4, "the lane mapping packs 4 blocks x 4 runs a row, 2 rows a 32-lane load");
     static constexpr int kV = MP == 4 ? 2 : 1;
     uint4 v[kV];
 
