@@ -108,6 +108,23 @@ def test_kbit_grouped_all_paths(k, dtype, in_f, out_f, n_exp, gen):
         _check(y, want, KBIT_TOL[dtype], f"rows={rows} op")
 
 
+@pytest.mark.parametrize("rgpc,wk", ((1, 1), (4, 1), (2, 2), (4, 2), (1, 4), (2, 4), (1, 8), (2, 8), (1, 16)))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kbit_slot_gemv_every_grid(rgpc, wk, dtype, gen, monkeypatch):
+    """The slot GEMV on each (row groups a CTA, warps along K) grid ops.grouped_gemv_config can pick
+    (forced), at 1 to 9 rows an expert: passes of 1, 2 and 4 rows whose sums the row group's warps
+    take (row m by warp m where it has as many warps as the pass rows, else all by the first), on
+    outputs poisoned first."""
+    monkeypatch.setattr(cuda_ops, "grouped_gemv_config", lambda *_: (rgpc, wk))
+    in_f, out_f, n_exp = 2048, 264, 5  # 64 blocks: every warp count along K gets work; a partial row group
+    pt, at, cb, w64 = _kbit_experts(n_exp, out_f, in_f, 4)
+    for rows in (5, 10, 20, 31):
+        offs = _offsets(n_exp, rows, gen)
+        x = torch.randn(rows, in_f, device=DEV, dtype=dtype)
+        y = cuda_ops.grouped_path(x, pt, at, cb, offs, 4, out_f, "gemv_slot", out=_poisoned(rows, out_f, dtype))
+        _check(y, _reference(x, w64, offs), KBIT_TOL[dtype], f"rows={rows} rgpc={rgpc} wk={wk} offsets={offs.tolist()}")
+
+
 @pytest.mark.parametrize("one_cta", (False, True))
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_kbit5_grouped_wgmma_tables(one_cta, dtype, gen, monkeypatch):

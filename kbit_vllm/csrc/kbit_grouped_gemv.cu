@@ -50,6 +50,7 @@ constexpr int kGMaxRows = 4;          // largest rows per pass (8 would cost the
 // SMs once (one CTA an SM, the same 128 registers a thread as two CTAs of 8 warps). H200 session
 // 44, seed8 gate k=4 fp16 back to back, 8 / 16 warps along K: T=1 5.3 / 4.4 us, T=4 8.8 / 6.4.
 constexpr int kGThreads = 512;
+constexpr int kGMaxWK = kGThreads / 32;  // warps of a row group along K at most
 constexpr int kGXWords = kGMaxRows * kGU * 16;  // staged x words a warp: 16 half2 pairs a row and block
 
 struct GemvWarp {
@@ -215,14 +216,29 @@ __device__ __forceinline__ void gemv_expert(const T* __restrict__ x, float cbl, 
                 acc[m] = 0.f;
             }
             __syncthreads();
-            if (w.wk == 0 && w.active && w.row < N) {
+            // Rows of a multi-row pass are summed by the row group's warps side by side (row m by
+            // warp m mod WK), all WK partials requested before the first add, in the same order;
+            // the first warp's loop over every row, one dependent shared load after the other, kept
+            // the pass ~0.15 µs a row longer (H200 session 47, seed8 k=4 fp16 back to back, gate
+            // T=4 5.76 -> 5.27 µs, T=2 4.37 -> 4.18). One-row passes keep that loop: the unrolled
+            // form ran them 0-5% slower.
+            if constexpr (MP == 1) {
+                if (w.wk == 0 && w.active && w.row < N) {
+                    float sum = 0.f;
+                    for (int v = 0; v < w.WK; ++v) sum += red[(w.rgl * w.WK + v) * 32 + lane];
+                    y[static_cast<size_t>(m0) * N + w.row] = from_float<T>(sum);
+                }
+            } else if (w.active && w.row < N) {
+                for (int m = w.wk; m < mr; m += w.WK) {  // warp-uniform
+                    const float* rp = red + (w.rgl * w.WK * MP + m) * 32 + lane;  // warp v's at rp[v * MP * 32]
+                    float part[kGMaxWK];
 #pragma unroll
-                for (int m = 0; m < MP; ++m) {
-                    if (m < mr) {
-                        float sum = 0.f;
-                        for (int v = 0; v < w.WK; ++v) sum += red[((w.rgl * w.WK + v) * MP + m) * 32 + lane];
-                        y[static_cast<size_t>(m0 + m) * N + w.row] = from_float<T>(sum);
-                    }
+                    for (int v = 0; v < kGMaxWK; ++v) part[v] = v < w.WK ? rp[v * MP * 32] : 0.f;
+                    float sum = 0.f;
+#pragma unroll
+                    for (int v = 0; v < kGMaxWK; ++v)
+                        if (v < w.WK) sum += part[v];
+                    y[static_cast<size_t>(m0 + m) * N + w.row] = from_float<T>(sum);
                 }
             }
         }
