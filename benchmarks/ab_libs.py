@@ -10,7 +10,7 @@ relative error.
 
 Usage (GPU machine, repo root; libraries built for this GPU):
     python3 benchmarks/ab_libs.py --libs base=/tmp/a.so,new=/tmp/b.so --shapes 4096x28672,14336x4096 \\
-        --ks 4,2 --ms 16,32 --paths wgmma [--awq] [--rounds 2] [--json ab.json]
+        --ks 4,2 --ms 16,32 --paths wgmma [--awq] [--rounds 2] [--budget 200] [--json ab.json]
     python3 benchmarks/ab_libs.py --libs ... --moe qwen128 --tokens 64,256 --paths wgmma,op
 (--moe: the grouped kernels on bench_moe.py's scenarios instead of dense layers; M is then the
 token count, each token routed to top-k random experts as bench_moe.py routes them.)
@@ -27,6 +27,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 PREFIX = "AB "  # child result lines: PREFIX + JSON
@@ -212,6 +213,9 @@ def main() -> None:
     ap.add_argument("--no-writer", action="store_true", help="time back to back, not behind a writer of x")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=150, help="seconds per child process")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds for the whole run: a child that would start past it is skipped and the one "
+                         "running is cut at it, so the table still prints inside an outer time limit")
     ap.add_argument("--json", default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -234,15 +238,23 @@ def main() -> None:
             ap.error(f"--libs: {name}={path} is not a file")
     child_args = list(sys.argv[1:])
     records: list[dict] = []
+    start = time.monotonic()
     for rnd in range(args.rounds):
         for name, path in libs:
+            timeout = float(args.timeout)
+            if args.budget is not None:
+                left = args.budget - (time.monotonic() - start)
+                if left < 1.0:
+                    print(f"# round {rnd + 1}: {name} skipped (--budget {args.budget:g} s spent)", flush=True)
+                    continue
+                timeout = min(timeout, left)
             env = dict(os.environ, KBIT_VLLM_LIBRARY=str(Path(path).resolve()), PYTHONUNBUFFERED="1")
             cmd = [sys.executable, __file__, *child_args, "--child", name]
             print(f"# round {rnd + 1}: {name} ({path})", flush=True)
             try:
-                proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
             except subprocess.TimeoutExpired as e:
-                print(f"# {name}: timed out after {args.timeout} s", flush=True)
+                print(f"# {name}: timed out after {timeout:.0f} s", flush=True)
                 out = e.stdout if isinstance(e.stdout, str) else (e.stdout or b"").decode()
             else:
                 out = proc.stdout

@@ -65,3 +65,19 @@ def test_parent_reports_a_failed_child(tmp_path: Path) -> None:
     moe = subprocess.run([sys.executable, str(BENCH / "ab_libs.py"), "--libs", f"x={fake}", "--moe", "qwen7"],
                          capture_output=True, text=True, timeout=120)
     assert moe.returncode == 2 and "unknown scenarios ['qwen7']" in moe.stderr
+
+
+def test_budget_skips_children_past_it(tmp_path: Path) -> None:
+    """--budget: a child that would start past the run's time is skipped with a line saying so and
+    the (empty) table still prints, so an outer time limit does not lose the summary."""
+    fake = tmp_path / "not_a_lib.so"
+    fake.write_bytes(b"\0")
+    out = subprocess.run([sys.executable, str(BENCH / "ab_libs.py"), "--libs", f"a={fake},b={fake}", "--rounds", "2",
+                          "--shapes", "64x64", "--budget", "0"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    for rnd in (1, 2):
+        for name in ("a", "b"):
+            assert f"# round {rnd}: {name} skipped (--budget 0 s spent)" in out.stdout
+    assert "exit 1" not in out.stdout  # no child ran
+    assert out.stdout.rstrip().endswith("|---|---|---|---|---|---|---|---|")
+
