@@ -80,4 +80,3 @@ def test_budget_skips_children_past_it(tmp_path: Path) -> None:
             assert f"# round {rnd}: {name} skipped (--budget 0 s spent)" in out.stdout
     assert "exit 1" not in out.stdout  # no child ran
     assert out.stdout.rstrip().endswith("|---|---|---|---|---|---|---|---|")
-

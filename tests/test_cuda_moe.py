@@ -112,9 +112,9 @@ def test_kbit_grouped_all_paths(k, dtype, in_f, out_f, n_exp, gen):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_kbit_slot_gemv_every_grid(rgpc, wk, dtype, gen, monkeypatch):
     """The slot GEMV on each (row groups a CTA, warps along K) grid ops.grouped_gemv_config can pick
-    (forced), at 1 to 9 rows an expert: passes of 1, 2 and 4 rows whose sums the row group's warps
-    take (row m by warp m where it has as many warps as the pass rows, else all by the first), on
-    outputs poisoned first."""
+    (forced), on skewed routings of 5-31 rows: passes of 1, 2 and 4 rows and partial last passes,
+    whose sums the row group's warps take (row m by warp m mod WK: several rows a warp where WK is
+    below the pass rows), on outputs poisoned first."""
     monkeypatch.setattr(cuda_ops, "grouped_gemv_config", lambda *_: (rgpc, wk))
     in_f, out_f, n_exp = 2048, 264, 5  # 64 blocks: every warp count along K gets work; a partial row group
     pt, at, cb, w64 = _kbit_experts(n_exp, out_f, in_f, 4)
