@@ -44,14 +44,13 @@ gemv_kernel(const T* __restrict__ x, const int4* __restrict__ wq, const T* __res
 }
 
 template <typename T, int M>
-static cudaError_t launch(const T* x, const int4* wq, const T* sz, const T* bias, T* y, int in, int out,
-                   int group, int wpo, cudaStream_t stream) {
+static int launch(const T* x, const int4* wq, const T* sz, const T* bias, T* y, int in, int out, int group, int wpo,
+                  cudaStream_t stream) {
     const int groups = out / 8;
     const int per_cta = kWarps / wpo;
     const unsigned grid = static_cast<unsigned>((groups + per_cta - 1) / per_cta);
-    cudaLaunchAttribute attrs[1];
-    const cudaLaunchConfig_t cfg = kbit::pdl_config(dim3(grid), dim3(kWarps * 32), 0, stream, attrs);
-    return cudaLaunchKernelEx(&cfg, gemv_kernel<T, M>, x, wq, sz, bias, y, in, out, group, wpo);
+    return kbit::pdl_launch(gemv_kernel<T, M>, dim3(grid), dim3(kWarps * 32), 0, stream, x, wq, sz, bias, y, in, out,
+                            group, wpo);
 }
 
 template <typename T>
@@ -64,19 +63,16 @@ int gemv(const void* x, const int32_t* wq, const void* sz, const void* bias, voi
     const T* bt = static_cast<const T*>(bias);
     T* yt = static_cast<T*>(y);
     const int wpo = warps_per_group(in, out / 8);
-    cudaError_t e = cudaSuccess;
     switch (m) {
-        case 1: e = launch<T, 1>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
-        case 2: e = launch<T, 2>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
-        case 3: e = launch<T, 3>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
-        case 4: e = launch<T, 4>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
-        case 5: e = launch<T, 5>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
-        case 6: e = launch<T, 6>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
-        case 7: e = launch<T, 7>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
-        default: e = launch<T, 8>(xt, w4, st, bt, yt, in, out, group, wpo, stream); break;
+        case 1: return launch<T, 1>(xt, w4, st, bt, yt, in, out, group, wpo, stream);
+        case 2: return launch<T, 2>(xt, w4, st, bt, yt, in, out, group, wpo, stream);
+        case 3: return launch<T, 3>(xt, w4, st, bt, yt, in, out, group, wpo, stream);
+        case 4: return launch<T, 4>(xt, w4, st, bt, yt, in, out, group, wpo, stream);
+        case 5: return launch<T, 5>(xt, w4, st, bt, yt, in, out, group, wpo, stream);
+        case 6: return launch<T, 6>(xt, w4, st, bt, yt, in, out, group, wpo, stream);
+        case 7: return launch<T, 7>(xt, w4, st, bt, yt, in, out, group, wpo, stream);
+        default: return launch<T, 8>(xt, w4, st, bt, yt, in, out, group, wpo, stream);
     }
-    if (e != cudaSuccess) return static_cast<int>(e);
-    return static_cast<int>(cudaGetLastError());
 }
 
 template int gemv<half>(const void*, const int32_t*, const void*, const void*, void*, int, int, int, int, cudaStream_t);

@@ -247,12 +247,7 @@ int gemv_sk(const void* x, const int32_t* wq, const void* sz, const void* bias, 
     const T* bt = static_cast<const T*>(bias);
     T* yt = static_cast<T*>(y);
     void* args[] = {&xt, &w4, &st, &bt, &yt, &in, &out, &gshift, &accum, &counters};
-    cudaLaunchAttribute attrs[1];
-    const cudaLaunchConfig_t cfg = kbit::pdl_config(dim3(static_cast<unsigned>(ctas)), dim3(kSkThreads), kSkSmem,
-                                                    stream, attrs);
-    const cudaError_t e = cudaLaunchKernelExC(&cfg, f, args);
-    if (e != cudaSuccess) return static_cast<int>(e);
-    KBIT_RETURN_LAUNCH_STATUS();
+    return kbit::pdl_launch_c(f, dim3(static_cast<unsigned>(ctas)), dim3(kSkThreads), kSkSmem, stream, args);
 }
 
 template int gemv_sk_ctas_per_sm<half>(int);

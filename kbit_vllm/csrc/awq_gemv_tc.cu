@@ -307,12 +307,7 @@ int gemv_tc(const void* x, const int32_t* wq, const void* sz, const void* bias, 
     const T* bt = static_cast<const T*>(bias);
     T* yt = static_cast<T*>(y);
     void* args[] = {&tmw, &tms, &xt, &bt, &yt, &m, &in, &out, &group, &accum, &counters};
-    cudaLaunchAttribute attrs[1];
-    const cudaLaunchConfig_t cfg =
-        kbit::pdl_config(dim3(static_cast<unsigned>(ctas)), dim3(kTcThreads), kTcSmem, stream, attrs);
-    const cudaError_t e = cudaLaunchKernelExC(&cfg, f, args);
-    if (e != cudaSuccess) return static_cast<int>(e);
-    return static_cast<int>(cudaGetLastError());
+    return kbit::pdl_launch_c(f, dim3(static_cast<unsigned>(ctas)), dim3(kTcThreads), kTcSmem, stream, args);
 }
 
 template int gemv_tc_ctas_per_sm<half>();

@@ -99,13 +99,9 @@ int grouped_gemv(const void* x, const int32_t* wq, const void* sz, const int* of
     const int wpo = warps_per_group(in, static_cast<long long>(out / 8) * slots);
     const int per_cta = kGemvWarps / wpo;
     const dim3 grid(static_cast<unsigned>((out / 8 + per_cta - 1) / per_cta), static_cast<unsigned>(slots));
-    cudaLaunchAttribute attrs[1];
-    const cudaLaunchConfig_t cfg = kbit::pdl_config(grid, dim3(kGemvWarps * 32), 0, stream, attrs);
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, grouped_gemv_kernel<T>, static_cast<const T*>(x),
-                                             reinterpret_cast<const int4*>(wq), static_cast<const T*>(sz), offs,
-                                             static_cast<T*>(y), n_exp, rows, in, out, group, wpo);
-    if (e != cudaSuccess) return static_cast<int>(e);
-    return static_cast<int>(cudaGetLastError());
+    return kbit::pdl_launch(grouped_gemv_kernel<T>, grid, dim3(kGemvWarps * 32), 0, stream, static_cast<const T*>(x),
+                            reinterpret_cast<const int4*>(wq), static_cast<const T*>(sz), offs, static_cast<T*>(y),
+                            n_exp, rows, in, out, group, wpo);
 }
 
 template int grouped_gemv<half>(const void*, const int32_t*, const void*, const int*, void*, int, int, int, int, int,

@@ -130,12 +130,8 @@ int launch_rows(const CUtensorMap& tmx, const CUtensorMap& tmw, const CUtensorMa
     if (attr != cudaSuccess) return static_cast<int>(attr);
     const dim3 grid(static_cast<unsigned>((out + kAwCols - 1) / kAwCols), static_cast<unsigned>(items),
                     static_cast<unsigned>(splits));
-    cudaLaunchAttribute attrs[1];
-    const cudaLaunchConfig_t cfg = kbit::pdl_config(grid, dim3(kAwThreads), AwCfg<R>::kBytes, stream, attrs);
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, grouped_wgmma_kernel<T, R>, tmx, tmw, tms, offs, y, partial, n_exp,
-                                             rows, in, out, group, st_per_split);
-    if (e != cudaSuccess) return static_cast<int>(e);
-    return static_cast<int>(cudaGetLastError());
+    return kbit::pdl_launch(grouped_wgmma_kernel<T, R>, grid, dim3(kAwThreads), AwCfg<R>::kBytes, stream, tmx, tmw, tms,
+                            offs, y, partial, n_exp, rows, in, out, group, st_per_split);
 }
 
 }  // namespace

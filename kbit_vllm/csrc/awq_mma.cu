@@ -38,12 +38,8 @@ template <typename T>
 int launch_splitk_reduce(const float* partial, const T* bias, T* y, int splits, int M, int out, cudaStream_t stream) {
     const long long total = static_cast<long long>(M) * out;
     if (total == 0) return 0;
-    cudaLaunchAttribute attrs[1];
-    const cudaLaunchConfig_t cfg =
-        kbit::pdl_config(dim3(static_cast<unsigned>((total + 255) / 256)), dim3(256), 0, stream, attrs);
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, splitk_reduce<T>, partial, bias, y, splits, M, out);
-    if (e != cudaSuccess) return static_cast<int>(e);
-    return static_cast<int>(cudaGetLastError());
+    return kbit::pdl_launch(splitk_reduce<T>, dim3(static_cast<unsigned>((total + 255) / 256)), dim3(256), 0, stream,
+                            partial, bias, y, splits, M, out);
 }
 
 template int launch_splitk_reduce<half>(const float*, const half*, half*, int, int, int, cudaStream_t);

@@ -202,11 +202,7 @@ int launch_rows(const CUtensorMap& tmx, const CUtensorMap& tmw, const CUtensorMa
     T* yt = static_cast<T*>(y);
     CUtensorMap mx = tmx, mw = tmw, ms = tms;
     void* args[] = {&mx, &mw, &ms, &bt, &yt, &m, &in, &out, &group, &ws, &counters};
-    cudaLaunchAttribute attrs[1];
-    const cudaLaunchConfig_t cfg = kbit::pdl_config(dim3(ctas), dim3(kAwThreads), AwCfg<R>::kBytes, stream, attrs);
-    const cudaError_t e = cudaLaunchKernelExC(&cfg, f, args);
-    if (e != cudaSuccess) return static_cast<int>(e);
-    return static_cast<int>(cudaGetLastError());
+    return kbit::pdl_launch_c(f, dim3(ctas), dim3(kAwThreads), AwCfg<R>::kBytes, stream, args);
 }
 
 }  // namespace

@@ -219,14 +219,9 @@ int launch_gemv_rows(const void* x, const void* pt, const uint8_t* at, const flo
     const cudaError_t attr = cudaFuncSetAttribute(reinterpret_cast<const void*>(kern),
                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (attr != cudaSuccess) return static_cast<int>(attr);
-    cudaLaunchAttribute attrs[1];
-    const cudaLaunchConfig_t cfg = pdl_config(dim3((N + rows - 1) / rows), dim3(kRowsWarps * 32),
-                                              static_cast<size_t>(smem), s, attrs);
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, static_cast<const T*>(x), static_cast<const uint4*>(pt),
-                                             reinterpret_cast<const uint32_t*>(at), cb, static_cast<const T*>(bias),
-                                             static_cast<T*>(y), N, nb);
-    if (e != cudaSuccess) return static_cast<int>(e);
-    KBIT_RETURN_LAUNCH_STATUS();
+    return pdl_launch(kern, dim3((N + rows - 1) / rows), dim3(kRowsWarps * 32), static_cast<size_t>(smem), s,
+                      static_cast<const T*>(x), static_cast<const uint4*>(pt), reinterpret_cast<const uint32_t*>(at),
+                      cb, static_cast<const T*>(bias), static_cast<T*>(y), N, nb);
 }
 
 template int launch_gemv_rows<half>(const void*, const void*, const uint8_t*, const float*, const void*, int, int,

@@ -314,13 +314,9 @@ int launch_gemv_sk_kmx(const void* x, const void* pt, const uint8_t* at, const f
     const cudaError_t attr =
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (attr != cudaSuccess) return static_cast<int>(attr);
-    cudaLaunchAttribute attrs[1];
-    const cudaLaunchConfig_t cfg = pdl_config(dim3(ctas), dim3(SkCfg<K>::kThreads), smem, stream, attrs);
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, static_cast<const T*>(x), static_cast<const uint4*>(pt),
-                                             reinterpret_cast<const uint32_t*>(at), cb, static_cast<const T*>(bias),
-                                             static_cast<T*>(y), N, nb, ws, counters);
-    if (e != cudaSuccess) return static_cast<int>(e);
-    KBIT_RETURN_LAUNCH_STATUS();
+    return pdl_launch(kern, dim3(ctas), dim3(SkCfg<K>::kThreads), smem, stream, static_cast<const T*>(x),
+                      static_cast<const uint4*>(pt), reinterpret_cast<const uint32_t*>(at), cb,
+                      static_cast<const T*>(bias), static_cast<T*>(y), N, nb, ws, counters);
 }
 
 template <typename T, int K, int M>

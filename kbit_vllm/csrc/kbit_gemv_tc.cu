@@ -319,12 +319,7 @@ int launch_gemv_tc(const void* x, const void* pt, const uint8_t* at, const float
     const T* bt = static_cast<const T*>(bias);
     T* yt = static_cast<T*>(y);
     void* args[] = {&p, &at, &cb, &xt, &bt, &yt, &M, &N, &nb, &ws, &counters};
-    cudaLaunchAttribute attrs[1];
-    const cudaLaunchConfig_t cfg =
-        pdl_config(dim3(static_cast<unsigned>(ctas)), dim3(kTcThreads), smem, stream, attrs);
-    const cudaError_t e = cudaLaunchKernelExC(&cfg, f, args);
-    if (e != cudaSuccess) return static_cast<int>(e);
-    return static_cast<int>(cudaGetLastError());
+    return pdl_launch_c(f, dim3(static_cast<unsigned>(ctas)), dim3(kTcThreads), smem, stream, args);
 }
 
 template int gemv_tc_ctas_per_sm<half>(int);

@@ -339,12 +339,8 @@ int launch_grouped_gemv_k(const void* x, const void* pt, const uint8_t* at, cons
     }
     const int n_rg = 4 * ((N + kTileN - 1) / kTileN);
     const dim3 grid(static_cast<unsigned>((n_rg + rgpc - 1) / rgpc), static_cast<unsigned>(slots));
-    cudaLaunchAttribute attrs[1];
-    const cudaLaunchConfig_t cfg = pdl_config(grid, dim3(threads), smem, stream, attrs);
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, static_cast<const T*>(x), static_cast<const uint32_t*>(pt), at,
-                                             cb, offs, static_cast<T*>(y), n_exp, rows, N, nb, rgpc);
-    if (e != cudaSuccess) return static_cast<int>(e);
-    KBIT_RETURN_LAUNCH_STATUS();
+    return pdl_launch(kern, grid, dim3(threads), smem, stream, static_cast<const T*>(x),
+                      static_cast<const uint32_t*>(pt), at, cb, offs, static_cast<T*>(y), n_exp, rows, N, nb, rgpc);
 }
 
 }  // namespace

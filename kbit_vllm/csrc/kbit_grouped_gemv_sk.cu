@@ -468,12 +468,8 @@ int launch_grouped_gemv_sk(const void* x, const void* pt, const uint8_t* at, con
     const uint32_t* a4 = reinterpret_cast<const uint32_t*>(at);
     T* yt = static_cast<T*>(y);
     void* args[] = {&xt, &p4, &a4, &cb, &offs, &yt, &n_exp, &rows, &N, &nb, &max_items, &accum, &counters};
-    cudaLaunchAttribute attrs[1];
-    const cudaLaunchConfig_t cfg =
-        pdl_config(dim3(static_cast<unsigned>(ctas)), dim3(static_cast<unsigned>(warps * 32)), smem, stream, attrs);
-    const cudaError_t e = cudaLaunchKernelExC(&cfg, f, args);
-    if (e != cudaSuccess) return static_cast<int>(e);
-    KBIT_RETURN_LAUNCH_STATUS();
+    return pdl_launch_c(f, dim3(static_cast<unsigned>(ctas)), dim3(static_cast<unsigned>(warps * 32)), smem, stream,
+                        args);
 }
 
 template int grouped_gemv_sk_ctas_per_sm<half>(int, int);

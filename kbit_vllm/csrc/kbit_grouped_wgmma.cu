@@ -163,12 +163,8 @@ int launch_rows(const CUtensorMap& tmx, const uint32_t* pt, const uint8_t* at, c
     const int n_tiles = (N + kTileN - 1) / kTileN;
     const dim3 grid(static_cast<unsigned>((n_tiles + S::kTW - 1) / S::kTW), static_cast<unsigned>(items),
                     static_cast<unsigned>(splits));
-    cudaLaunchAttribute attrs[1];
-    const cudaLaunchConfig_t cfg = pdl_config(grid, dim3(kWgThreads), S::kBytes, stream, attrs);
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, grouped_wgmma_kernel<T, K, R, C5>, tmx, pt, at, cb, offs, y,
-                                             partial, n_exp, rows, N, nb, per_split);
-    if (e != cudaSuccess) return static_cast<int>(e);
-    return static_cast<int>(cudaGetLastError());
+    return pdl_launch(grouped_wgmma_kernel<T, K, R, C5>, grid, dim3(kWgThreads), S::kBytes, stream, tmx, pt, at, cb,
+                      offs, y, partial, n_exp, rows, N, nb, per_split);
 }
 
 template <typename T, int K, int C5 = kLut5Copies>

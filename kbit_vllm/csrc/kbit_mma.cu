@@ -680,13 +680,9 @@ int launch_mma_kmt(const void* x, const void* pt, const uint8_t* at, const float
         const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytes);
         if (e != cudaSuccess) return static_cast<int>(e);
     }
-    cudaLaunchAttribute attrs[1];
-    const cudaLaunchConfig_t cfg = pdl_config(dim3(ctas), dim3(kMmaThreads), S::kBytes, stream, attrs);
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, static_cast<const T*>(x), static_cast<const uint32_t*>(pt), at,
-                                             cb, static_cast<const T*>(bias), static_cast<T*>(y), M, N, nb, det, ws,
-                                             counters);
-    if (e != cudaSuccess) return static_cast<int>(e);
-    KBIT_RETURN_LAUNCH_STATUS();
+    return pdl_launch(kern, dim3(ctas), dim3(kMmaThreads), S::kBytes, stream, static_cast<const T*>(x),
+                      static_cast<const uint32_t*>(pt), at, cb, static_cast<const T*>(bias), static_cast<T*>(y), M, N,
+                      nb, det, ws, counters);
 }
 
 // Returns CALL(k, mb, tw, variant) for an instantiated (k, mb, tw, variant); falls through

@@ -339,12 +339,8 @@ int launch_moe_experts(const void* x, const int* ids, const float* tw, const int
     T* actt = static_cast<T*>(act);
     void* args[] = {&xt, &ids, &tw, &emap, &n_global, &p13_4, &a13_4, &p2_4, &a2_4, &cb, &yt, &actt,
                     &accum, &counters, &tokens, &topk, &n_exp, &H, &I, &fn};
-    cudaLaunchAttribute attrs[1];
-    const cudaLaunchConfig_t cfg = pdl_config(dim3(static_cast<unsigned>(ctas)), dim3(static_cast<unsigned>(shape.warps * 32)),
-                                              shape.smem, stream, attrs);
-    const cudaError_t e = cudaLaunchKernelExC(&cfg, f, args);
-    if (e != cudaSuccess) return static_cast<int>(e);
-    KBIT_RETURN_LAUNCH_STATUS();
+    return pdl_launch_c(f, dim3(static_cast<unsigned>(ctas)), dim3(static_cast<unsigned>(shape.warps * 32)), shape.smem,
+                        stream, args);
 }
 
 // Elements of the zeroed scratch a launch needs: fp32 accum (every super tile's slots) and

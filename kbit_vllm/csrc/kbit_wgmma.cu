@@ -325,11 +325,7 @@ int launch_wgmma(const void* x, const void* pt, const uint8_t* at, const float* 
     const T* bt = static_cast<const T*>(bias);
     T* yt = static_cast<T*>(y);
     void* args[] = {&tmx, &p, &at, &cb, &bt, &yt, &M, &N, &nb, &ws, &counters};
-    cudaLaunchAttribute attrs[1];
-    const cudaLaunchConfig_t cfg = pdl_config(dim3(ctas), dim3(kWgThreads), smem, stream, attrs);
-    const cudaError_t e = cudaLaunchKernelExC(&cfg, f, args);
-    if (e != cudaSuccess) return static_cast<int>(e);
-    KBIT_RETURN_LAUNCH_STATUS();
+    return pdl_launch_c(f, dim3(ctas), dim3(kWgThreads), smem, stream, args);
 }
 
 template int launch_wgmma<half>(const void*, const void*, const uint8_t*, const float*, const void*, int, int, int,

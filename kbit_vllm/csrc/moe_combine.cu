@@ -64,14 +64,10 @@ int combine(const void* down, const int* slot, const float* w, void* out, int to
     const int v = vec ? 8 : 1;
     const dim3 grid(tokens, (hidden / v + kCombineThreads - 1) / kCombineThreads);
     const int n_rows = tokens * top_k;
-    cudaLaunchAttribute attrs[1];
-    const cudaLaunchConfig_t cfg = kbit::pdl_config(grid, dim3(kCombineThreads), 0, stream, attrs);
     const T* d = static_cast<const T*>(down);
     T* o = static_cast<T*>(out);
-    const cudaError_t e = vec ? cudaLaunchKernelEx(&cfg, combine_kernel<T, 8>, d, slot, w, o, hidden, top_k, n_rows)
-                              : cudaLaunchKernelEx(&cfg, combine_kernel<T, 1>, d, slot, w, o, hidden, top_k, n_rows);
-    if (e != cudaSuccess) return static_cast<int>(e);
-    KBIT_RETURN_LAUNCH_STATUS();
+    return kbit::pdl_launch(vec ? combine_kernel<T, 8> : combine_kernel<T, 1>, grid, dim3(kCombineThreads), 0, stream,
+                            d, slot, w, o, hidden, top_k, n_rows);
 }
 
 template int combine<half>(const void*, const int*, const float*, void*, int, int, int, cudaStream_t);

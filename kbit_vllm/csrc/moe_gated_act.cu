@@ -53,14 +53,10 @@ int launch_f(const void* gu, void* out, long long rows, int inter, int sms, cuda
     const long long want = (items + kActThreads - 1) / kActThreads;
     const int grid = static_cast<int>(want < 8LL * sms ? want : 8LL * sms);
     if (grid == 0) return 0;
-    cudaLaunchAttribute attrs[1];
-    const cudaLaunchConfig_t cfg = kbit::pdl_config(dim3(grid), dim3(kActThreads), 0, stream, attrs);
     const T* g = static_cast<const T*>(gu);
     T* o = static_cast<T*>(out);
-    const cudaError_t e = vec ? cudaLaunchKernelEx(&cfg, gated_act_kernel<T, F, 8>, g, o, rows, inter)
-                              : cudaLaunchKernelEx(&cfg, gated_act_kernel<T, F, 1>, g, o, rows, inter);
-    if (e != cudaSuccess) return static_cast<int>(e);
-    KBIT_RETURN_LAUNCH_STATUS();
+    return kbit::pdl_launch(vec ? gated_act_kernel<T, F, 8> : gated_act_kernel<T, F, 1>, dim3(grid), dim3(kActThreads),
+                            0, stream, g, o, rows, inter);
 }
 
 }  // namespace

@@ -55,13 +55,9 @@ int gather(const void* x, const int* src_row, void* out, int rows, int row_chunk
     if (rows == 0) return 0;
     const int r = rows >= kGatherManyRows ? kGatherRows : 1;
     const dim3 grid((rows + r - 1) / r, (row_chunks + kGatherThreads - 1) / kGatherThreads);
-    cudaLaunchAttribute attrs[1];
-    const cudaLaunchConfig_t cfg = kbit::pdl_config(grid, dim3(kGatherThreads), 0, stream, attrs);
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, r == 1 ? gather_kernel<1> : gather_kernel<kGatherRows>,
-                                             static_cast<const uint4*>(x), src_row, static_cast<uint4*>(out), rows,
-                                             row_chunks, n_src);
-    if (e != cudaSuccess) return static_cast<int>(e);
-    KBIT_RETURN_LAUNCH_STATUS();
+    return kbit::pdl_launch(r == 1 ? gather_kernel<1> : gather_kernel<kGatherRows>, grid, dim3(kGatherThreads), 0,
+                            stream, static_cast<const uint4*>(x), src_row, static_cast<uint4*>(out), rows, row_chunks,
+                            n_src);
 }
 
 }  // namespace moe

@@ -211,22 +211,13 @@ int launch_route(const I* ids, const float* w, const int* emap, int n_global, in
     }
     if (counts != nullptr) {
         const size_t csmem = static_cast<size_t>(n_exp) * sizeof(int);
-        cudaLaunchAttribute cattrs[1];
-        const cudaLaunchConfig_t ccfg = kbit::pdl_config(dim3(n_chunks), dim3(kRouteThreads), csmem, stream, cattrs);
-        const cudaError_t ce = cudaLaunchKernelEx(&ccfg, route_count_kernel<I>, ids, emap, n_global, n_pairs, n_exp,
-                                                  counts);
-        if (ce != cudaSuccess) return static_cast<int>(ce);
-        const cudaError_t le = cudaGetLastError();
-        if (le != cudaSuccess) return static_cast<int>(le);
+        const int ce = kbit::pdl_launch(route_count_kernel<I>, dim3(n_chunks), dim3(kRouteThreads), csmem, stream, ids,
+                                        emap, n_global, n_pairs, n_exp, counts);
+        if (ce != 0) return ce;
     }
-    cudaLaunchAttribute attrs[1];
-    const cudaLaunchConfig_t cfg = kbit::pdl_config(dim3(n_chunks), dim3(kRouteThreads), smem, stream, attrs);
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, route_kernel<I>, ids, w, emap, n_global, n_pairs, top_k, n_exp,
-                                             offs, src_row, slot, w_out, static_cast<const uint4*>(x),
-                                             static_cast<uint4*>(rows), row_chunks, n_src,
-                                             static_cast<const int*>(counts));
-    if (e != cudaSuccess) return static_cast<int>(e);
-    KBIT_RETURN_LAUNCH_STATUS();
+    return kbit::pdl_launch(route_kernel<I>, dim3(n_chunks), dim3(kRouteThreads), smem, stream, ids, w, emap, n_global,
+                            n_pairs, top_k, n_exp, offs, src_row, slot, w_out, static_cast<const uint4*>(x),
+                            static_cast<uint4*>(rows), row_chunks, n_src, static_cast<const int*>(counts));
 }
 
 }  // namespace

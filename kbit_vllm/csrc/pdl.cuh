@@ -50,4 +50,25 @@ inline cudaLaunchConfig_t pdl_config(dim3 grid, dim3 block, size_t smem, cudaStr
     return cfg;
 }
 
+// Launch kernel(args...) on grid x block with smem bytes of dynamic shared memory on stream, PDL
+// attached when enabled (every PDL launch of the library goes through here or pdl_launch_c): the
+// launch's error, else any error left pending after it (cudaGetLastError), as an int (0 = success).
+template <typename... Params, typename... Args>
+inline int pdl_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                      Args... args) {
+    cudaLaunchAttribute attrs[1];
+    const cudaLaunchConfig_t cfg = pdl_config(grid, block, smem, stream, attrs);
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
+    return static_cast<int>(e != cudaSuccess ? e : cudaGetLastError());
+}
+
+// pdl_launch for a kernel picked at run time: kernel as a function pointer, args as
+// cudaLaunchKernelExC takes them (one pointer to each parameter, in order).
+inline int pdl_launch_c(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void** args) {
+    cudaLaunchAttribute attrs[1];
+    const cudaLaunchConfig_t cfg = pdl_config(grid, block, smem, stream, attrs);
+    const cudaError_t e = cudaLaunchKernelExC(&cfg, kernel, args);
+    return static_cast<int>(e != cudaSuccess ? e : cudaGetLastError());
+}
+
 }  // namespace kbit

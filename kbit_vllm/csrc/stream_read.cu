@@ -65,12 +65,8 @@ __global__ void __launch_bounds__(kReadThreads) stream_read_kernel(const uint4* 
 template <int U>
 int launch_stream_read_u(const void* src, long long words, uint32_t* sink, int ctas, int wait_first,
                          cudaStream_t stream) {
-    cudaLaunchAttribute attrs[1];
-    const cudaLaunchConfig_t cfg = pdl_config(dim3(static_cast<unsigned>(ctas)), dim3(kReadThreads), 0, stream, attrs);
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, stream_read_kernel<U>, static_cast<const uint4*>(src), words, sink,
-                                             wait_first);
-    if (e != cudaSuccess) return static_cast<int>(e);
-    KBIT_RETURN_LAUNCH_STATUS();
+    return pdl_launch(stream_read_kernel<U>, dim3(static_cast<unsigned>(ctas)), dim3(kReadThreads), 0, stream,
+                      static_cast<const uint4*>(src), words, sink, wait_first);
 }
 
 }  // namespace
