@@ -21,6 +21,11 @@ q3moe*; KBIT_E2E_BATCHES="1,64,256" picks other decode batches). KBIT_E2E_CLEAN=
 folder after the last name that reads it. KBIT_E2E_PROFILE=1
 adds PROFILE lines (l3, q3moe*, bench): the GPU kernels of one decode step (batch
 KBIT_E2E_PROFILE_BATCH, default 1), CUDA graph replays included, by time per step.
+KBIT_E2E_TP=2 serves every engine with tensor_parallel_size=2 (the nvidia-h200-x2 machine; the load
+peak, read in this process, is then not reported). After the last name, an AGREE line for each tiny*
+pair run together: <model>_kbit<k> and <model>_pre<k> against <model>_deq<k> (the same weights
+dequantized to bf16), <model>_awq_orin against <model>_awq (vLLM's own AWQ): how many prompts give
+the same greedy tokens, and the largest logprob difference over the tokens both chose alike.
 Without a GPU the engines run eager on vLLM's CPU backend (a check of the code path, not timings).
 """
 
@@ -63,6 +68,7 @@ TIMED = ("l3", "q3moe", "q3moetiny")  # decode at batch 1/16/64 + prefill; bench
 # KBIT_E2E_BATCHES="1,64,256,384" replaces those decode batches (captured, and max_num_seqs raised to
 # the largest): past 128 tokens a step runs the wgmma kernels' tall tiles.
 BATCHES = tuple(int(b) for b in os.environ.get("KBIT_E2E_BATCHES", "").split(",") if b.strip())
+TP = int(os.environ.get("KBIT_E2E_TP", "1"))
 GIB = 1 << 30
 
 
@@ -341,7 +347,10 @@ def child(name: str) -> None:
         path = make_folder(model, config)
     folder_s = round(time.perf_counter() - t0, 1)
     kw.setdefault("dtype", "bfloat16")
-    peak = watch_load_peak() if gpu else {}
+    if TP > 1:  # workers in their own processes; spawned, as a fork after CUDA is up cannot use it
+        kw["tensor_parallel_size"] = TP
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    peak = watch_load_peak() if gpu and TP == 1 else {}
     t0 = time.perf_counter()
     timed = model in TIMED
     batches = BATCHES or ((1, 16, 64) if timed else (1, 16))
@@ -360,7 +369,7 @@ def child(name: str) -> None:
     vcfg = llm.llm_engine.vllm_config
     cc = vcfg.compilation_config
     hf = vcfg.model_config.hf_config
-    res: dict = {"name": name, "layers": hf.num_hidden_layers, "folder_s": folder_s,
+    res: dict = {"name": name, "tp": TP, "layers": hf.num_hidden_layers, "folder_s": folder_s,
                  "init_s": round(time.perf_counter() - t0, 1), "compile_mode": str(cc.mode),
                  "cudagraph_mode": str(cc.cudagraph_mode), "quantization": vcfg.model_config.quantization, **peak}
     t0 = time.perf_counter()
@@ -436,20 +445,61 @@ def profile_decode(llm, sp_cls, name: str, tokens: int = 33) -> None:
         print(f"PROFILE {name} {us:8.1f} us {cnt:6.1f}x {k[:150]}", flush=True)
 
 
+def reference_of(name: str) -> str | None:
+    """The run whose greedy outputs `name`'s should match (module docstring, AGREE), or None."""
+    model, config = name.split("_", 1)
+    if not model.startswith("tiny"):
+        return None
+    for prefix in ("kbit", "pre"):
+        if config.startswith(prefix) and config[len(prefix):].isdigit():
+            return f"{model}_deq{config[len(prefix):]}"
+    return f"{model}_awq" if config == "awq_orin" else None
+
+
+def agreement(results: dict[str, dict]) -> list[str]:
+    """AGREE lines for every run in results whose reference_of ran too: prompts with equal greedy
+    tokens out of all, and the largest |logprob difference| over each prompt's leading equal tokens."""
+    lines = []
+    for name, res in results.items():
+        ref = results.get(reference_of(name) or "")
+        if ref is None or "outputs" not in res or "outputs" not in ref:
+            continue
+        same, worst = 0, 0.0
+        for (toks, lps), (rtoks, rlps) in zip(res["outputs"], ref["outputs"], strict=True):
+            same += toks == rtoks
+            for t, lp, rt, rlp in zip(toks, lps, rtoks, rlps, strict=True):
+                if t != rt:
+                    break
+                worst = max(worst, abs(lp - rlp))
+        lines.append(f"AGREE {name} vs {ref['name']}: {same}/{len(res['outputs'])} prompts with the same "
+                     f"greedy tokens, max |logprob diff| {worst:.4f} over equal tokens (tp={res.get('tp', 1)})")
+    return lines
+
+
 def main(names: list[str]) -> None:
-    """Each name in its own interpreter. KBIT_E2E_CLEAN=1 deletes a folder once no later name reads it
-    (q3moe: 15 GB bf16 + 5 GB awq on a 64 GB disk)."""
+    """Each name in its own interpreter, its output passed through; then the AGREE lines.
+    KBIT_E2E_CLEAN=1 deletes a folder once no later name reads it (q3moe: 15 GB bf16 + 5 GB awq on a
+    64 GB disk)."""
     clean = os.environ.get("KBIT_E2E_CLEAN", "0") == "1"
+    results: dict[str, dict] = {}
     for k, name in enumerate(names):
         t = time.perf_counter()
-        r = subprocess.run([sys.executable, __file__, "--child", name])
-        print(f"== {name}: exit {r.returncode} after {time.perf_counter() - t:.0f} s", flush=True)
+        with subprocess.Popen([sys.executable, __file__, "--child", name], stdout=subprocess.PIPE, text=True) as p:
+            assert p.stdout is not None
+            for line in p.stdout:
+                print(line, end="", flush=True)
+                if line.startswith("RESULT "):
+                    res = json.loads(line[len("RESULT "):])
+                    results[res["name"]] = res
+        print(f"== {name}: exit {p.returncode} after {time.perf_counter() - t:.0f} s", flush=True)
         if clean:
             later = {f for n in names[k + 1:] for f in folders_of(n)}
             for f in folders_of(name):
                 if f not in later and os.path.isdir(f):
                     shutil.rmtree(f)
                     print(f"== removed {f}", flush=True)
+    for line in agreement(results):
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

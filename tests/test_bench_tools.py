@@ -1,8 +1,11 @@
 """benchmarks/ab_libs.py, the A/B harness for library builds: its argument parsing and the table it
-prints run on any machine; the timing itself needs a GPU (run on the device)."""
+prints run on any machine; the timing itself needs a GPU (run on the device). Also the agreement
+summary of benchmarks/vllm_gpu_e2e.py (its engines need the GPU and the vLLM bundle)."""
 
 from __future__ import annotations
 
+import importlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -80,3 +83,34 @@ def test_budget_skips_children_past_it(tmp_path: Path) -> None:
             assert f"# round {rnd}: {name} skipped (--budget 0 s spent)" in out.stdout
     assert "exit 1" not in out.stdout  # no child ran
     assert out.stdout.rstrip().endswith("|---|---|---|---|---|---|---|---|")
+
+
+def e2e_module():
+    """benchmarks/vllm_gpu_e2e.py imported with the environment it sets for its engines undone, so
+    that this process's later vLLM tests do not inherit it."""
+    saved = dict(os.environ)
+    try:
+        return importlib.import_module("vllm_gpu_e2e")
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def test_e2e_agreement_pairs_and_counts() -> None:
+    """AGREE pairs kbit / pre runs with the deq run of the same bits and awq_orin with awq (tiny models
+    only), counts prompts whose greedy tokens match, and takes the logprob difference only over each
+    prompt's leading equal tokens (after the first different token the two continue different texts)."""
+    e2e = e2e_module()
+    assert e2e.reference_of("tiny_kbit4") == "tiny_deq4"
+    assert e2e.reference_of("tinymoe_pre2") == "tinymoe_deq2"
+    assert e2e.reference_of("tinymoe_awq_orin") == "tinymoe_awq"
+    assert e2e.reference_of("tiny_kbit4h") is None and e2e.reference_of("l3_kbit4") is None
+    assert e2e.reference_of("tiny_bf16") is None and e2e.reference_of("tiny_deq4") is None
+    ref = {"name": "tiny_deq4", "outputs": [[[1, 2, 3], [-0.5, -1.0, -2.0]], [[4, 5, 6], [-0.1, -0.2, -0.3]]]}
+    run = {"name": "tiny_kbit4", "tp": 2,
+           "outputs": [[[1, 2, 3], [-0.52, -1.1, -2.0]], [[4, 9, 6], [-0.1, -5.0, -9.0]]]}
+    lines = e2e.agreement({"tiny_deq4": ref, "tiny_kbit4": run, "tiny_bf16": {"name": "tiny_bf16"}})
+    assert len(lines) == 1
+    assert lines[0].startswith("AGREE tiny_kbit4 vs tiny_deq4: 1/2 prompts with the same greedy tokens")
+    assert "max |logprob diff| 0.1000 over equal tokens (tp=2)" in lines[0]
+    assert e2e.agreement({"tiny_kbit4": run}) == []  # its reference did not run
