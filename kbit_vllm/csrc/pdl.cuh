@@ -1,6 +1,6 @@
-// Programmatic dependent launch (PDL, sm_90+): a kernel launched with pdl_attach on its launch
-// config may start while the kernel before it in the stream is still finishing, so its launch,
-// its weight loads and its shared-table build overlap that kernel's tail instead of following it.
+// Programmatic dependent launch (PDL, sm_90+): a kernel launched through pdl_launch or pdl_launch_c
+// (below) may start while the kernel before it in the stream is still finishing, so its launch, its
+// weight loads and its shared-table build overlap that kernel's tail instead of following it.
 //
 // The rule for such a kernel: before pdl_wait() it may only read weights (never written by a
 // kernel after load) and fill shared memory; everything an earlier kernel may write or read
