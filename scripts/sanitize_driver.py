@@ -36,7 +36,9 @@ ONLY: set[str] = set(FAMILIES)
 
 def _family(path: str) -> str:
     """The family of a dense kbit path name."""
-    return "kbit_gemv" if path.startswith("gemv") else "kbit_mma" if path.startswith("mma") else "kbit_dequant"
+    if path.startswith("gemv"):
+        return "kbit_gemv"
+    return "kbit_mma" if path.startswith(("mma", "wgmma")) else "kbit_dequant"
 
 
 def check(name: str, y: torch.Tensor, want: torch.Tensor, tol: float = 5e-2) -> None:
@@ -69,11 +71,13 @@ def kbit(dtype: torch.dtype) -> None:
         print("ok   kbit_repack / kbit_unrepack", flush=True)
     for m, paths in ((1, ("gemv_sk", "gemv_cluster", "gemv_rows8", "gemv_rows32")), (3, ("gemv_sk", "gemv_cluster")),
                      (16, ("mma",)),
-                     (40, ("mma",)), (64, ("dequant",))):
+                     (40, ("mma", "wgmma_ck")), (64, ("dequant",))):
         x = torch.randn(m, in_f, generator=g).to(dtype).to(DEV)
         bias = torch.randn(out_f, generator=g).to(dtype).to(DEV)
         want = ref.kbit_linear(x.float(), pt, at, cb, bias.float(), k, out_f)
         for path in (p for p in paths if _family(p) in ONLY):
+            if path.startswith("wgmma") and not cops.path_ok(torch.device(DEV), path, k, m):
+                continue  # the Hopper kernels (sm_90a)
             for det in ("0", "1") if path == "mma" else ("0",):  # deterministic mode: per-CTA slots
                 os.environ["KBIT_VLLM_DETERMINISTIC"] = det
                 check(f"kbit_linear {path} m={m} det={det} {dtype}",

@@ -147,7 +147,7 @@ def test_mma_variants_match_reference(k, dtype, in_f, out_f):
     for m in MMA_VARIANT_MS:
         x = torch.randn(m, in_f, device=DEV, dtype=dtype)
         b = bias if m % 2 else None
-        for path in ("mma", *cuda_ops.MMA_VARIANTS, "wgmma"):
+        for path in ("mma", *cuda_ops.MMA_VARIANTS, "wgmma", "wgmma_ck"):
             if not cuda_ops.path_ok(torch.device(DEV), path, k, m):
                 continue
             poison_allocator(m * out_f * 2)
@@ -180,6 +180,54 @@ def test_wgmma_grids(k, dtype, one_cta, monkeypatch):
         poison_allocator(m * out_f * 2)
         y = cuda_ops.linear_path(x, pt, at, cb, b, k, out_f, "wgmma")
         _check_linear(y, x, w64, b, dtype)
+
+
+@pytest.mark.parametrize("k", (2, 3, 4, 5))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("in_f,out_f", ((4096, 2053), (1312, 777)))
+def test_wgmma_split_k_clusters(k, dtype, in_f, out_f):
+    """The wgmma kernel's split-K launch (each row tile's stages over a cluster of CTAs whose sums
+    meet in distributed shared memory): every cluster size 1..8, stages split evenly and unevenly
+    (21 stages on 1312 inputs), odd N (a last layout tile of 5 or 9 features), one and two x row
+    tiles, with and without bias, against float64 on outputs poisoned with NaN first; and the same
+    bits on a second run (the cluster adds its CTAs' sums in rank order)."""
+    dev = torch.device(DEV)
+    if not cuda_ops.wgmma_ok(dev, k):
+        pytest.skip("wgmma needs compute capability 9.0 and an sm_90a library")
+    packed, absmax, cb = _weights(out_f, in_f, k)
+    pt, at = ops.kbit_repack(packed, absmax, k)
+    w64 = dequantize_kbit(packed, absmax, cb, k, torch.float64)
+    bias = torch.randn(out_f, device=DEV, dtype=dtype)
+    for m in (1, 16, 17, 33, 64, 100):
+        x = torch.randn(m, in_f, device=DEV, dtype=dtype)
+        b = bias if m % 2 else None
+        for splits in range(1, cuda_ops.WGMMA_CK_MAX_SPLITS + 1):
+            poison_allocator(m * out_f * 2)
+            y = cuda_ops.linear_path(x, pt, at, cb, b, k, out_f, f"wgmma_ck{splits}")
+            _check_linear(y, x, w64, b, dtype)
+            again = cuda_ops.linear_path(x, pt, at, cb, b, k, out_f, f"wgmma_ck{splits}")
+            assert torch.equal(y, again), f"split-K over {splits} CTAs: a second run gave other bits"
+
+
+def test_wgmma_split_k_config():
+    """The split-K launch's own choice fills one wave: row tiles x splits CTAs, every cluster
+    resident at once, splits at most the stages; 128-row tiles are refused."""
+    dev = torch.device(DEV)
+    if not cuda_ops.wgmma_ok(dev, 4):
+        pytest.skip("wgmma needs compute capability 9.0 and an sm_90a library")
+    sfx = SUFFIX[torch.bfloat16]
+    for in_f, out_f, m in ((4096, 4096, 16), (2048, 5120, 64), (14336, 4096, 16), (64, 4096, 32), (4096, 28672, 8)):
+        rows, splits, row_tiles = cuda_ops.wgmma_ck_config(dev, sfx, 4, m, out_f, in_f // 32)
+        assert 1 <= splits <= min(cuda_ops.WGMMA_CK_MAX_SPLITS, in_f // 64)
+        assert row_tiles <= cuda_ops.wgmma_ck_clusters(dev, sfx, 4, rows, splits)
+        assert row_tiles * splits <= cuda_ops._sms(dev)
+    assert cuda_ops.wgmma_ck_clusters(dev, sfx, 4, 64, 2) >= cuda_ops._sms(dev) // 4
+    for path in ("wgmma_ck9", "wgmma_ck2"):  # 8 CTAs at most; 64 inputs are one stage, not two
+        with pytest.raises(ValueError, match="wgmma_ck"):
+            cuda_ops.linear_path(torch.randn(4, 64, device=DEV, dtype=torch.bfloat16),
+                                 *ops.kbit_repack(*_weights(256, 64, 4)[:2], 4), normal_float_codebook(4).to(DEV),
+                                 None, 4, 256, path)
+    assert not cuda_ops.wgmma_ck_wanted(dev, sfx, 5, 64, 4096, 2048 // 32)  # k = 5: not measured
 
 
 @pytest.mark.parametrize("k", (2, 3, 4, 5))
@@ -541,6 +589,38 @@ def test_gemv_tc_graph_replay(m, dtype):
 def test_wgmma_graph_replay(m, dtype):
     """The wgmma kernel, forced, under CUDA-graph replays (_forced_path_graph_replay)."""
     _forced_path_graph_replay("wgmma", m, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_takes_split_k_clusters(dtype):
+    """kbit_linear launches the wgmma kernel split-K over clusters where dispatch.WGMMA_CK_RULES and
+    the grid's fill ask (a 2048x4096 layer at M = 33..64 on the H200): its output is the forced
+    launch's, bit for bit (the cluster's sums meet in a fixed order), and right; elsewhere stream-K."""
+    dev = torch.device(DEV)
+    if not cuda_ops.wgmma_ok(dev, 4) or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the rule is measured on compute capability 9.0 with an sm_90a library")
+    in_f, out_f = 2048, 4096
+    packed, absmax, cb = _weights(out_f, in_f, 4)
+    pt, at = ops.kbit_repack(packed, absmax, 4)
+    w64 = dequantize_kbit(packed, absmax, cb, 4, torch.float64)
+    sfx = SUFFIX[dtype]
+    for m in (16, 33, 64, 100):
+        wanted = cuda_ops.wgmma_ck_wanted(dev, sfx, 4, m, out_f, in_f // 32)
+        assert wanted == (33 <= m <= 64), m
+        x = torch.randn(m, in_f, device=DEV, dtype=dtype)
+        y = ops.kbit_linear(x, pt, at, cb, None, 4, out_f)
+        _check_linear(y, x, w64, None, dtype)
+        if wanted:
+            assert torch.equal(y, cuda_ops.linear_path(x, pt, at, cb, None, 4, out_f, "wgmma_ck"))
+
+
+@pytest.mark.parametrize("m", (16, 64))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("path", ("wgmma_ck", "wgmma_ck8"))
+def test_wgmma_split_k_graph_replay(m, dtype, path):
+    """The wgmma kernel's split-K launch (its own cluster size and 8), forced, under CUDA-graph
+    replays (_forced_path_graph_replay)."""
+    _forced_path_graph_replay(path, m, dtype)
 
 
 @pytest.mark.parametrize("k", (4, 5))

@@ -345,6 +345,20 @@ def test_wgmma_one_cta_rule() -> None:
     assert not dispatch.wgmma_one_cta((8, 9), o, 64)
 
 
+def test_wgmma_split_k_cluster_rule() -> None:
+    """H200: the kbit wgmma launch splits K over clusters on layers of at most 26 M weights at M =
+    33..64 (the 64-row tiles, where stream-K's L2 reduction costs most); nowhere on the large
+    layers, at fewer or more rows, or on other GPUs."""
+    from kbit_vllm.backends.cuda import dispatch
+
+    small, qkv, tp2_o, down, gate_up = 2048 * 5120, 4096 * 6144, 2048 * 4096, 14336 * 4096, 4096 * 28672
+    ck = {(w, m) for w in (small, qkv, tp2_o, down, gate_up) for m in (16, 32, 33, 48, 64, 65, 128)
+          if dispatch.wgmma_ck_rule((9, 0), w, m)}
+    assert ck == {(w, m) for w in (small, qkv, tp2_o) for m in (33, 48, 64)}
+    assert not dispatch.wgmma_ck_rule((8, 9), small, 64)
+    assert 0 < dispatch.WGMMA_CK_MIN_FILL <= 1
+
+
 def test_awq_tensor_core_gemv_rules() -> None:
     """H200: the tensor-core GEMV takes M = 1..8 on layers above 70 M weights, M = 1..4 above 40 M,
     M = 2 above 20 M, none above 12 M and M = 4 above 4 M, before the wgmma rules; nowhere without

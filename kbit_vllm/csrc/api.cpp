@@ -44,9 +44,11 @@ int mma_ctas_per_sm(int k, int mb, int tw, int variant);
 int mma_stage_blocks(int variant);
 template <typename T>
 int launch_wgmma(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int k, int M,
-                 int N, int nb, void* y, int rows, int ctas, float* ws, int* counters, cudaStream_t s);
+                 int N, int nb, void* y, int rows, int ctas, float* ws, int* counters, int splits, cudaStream_t s);
 template <typename T>
 int wgmma_ctas_per_sm(int k, int rows);
+template <typename T>
+int wgmma_ck_clusters(int k, int rows, int splits);
 template <typename T>
 int launch_gemv_tc(const void* x, const void* pt, const uint8_t* at, const float* cb, const void* bias, int k, int M,
                    int N, int nb, void* y, int ctas, float* ws, int* counters, cudaStream_t s);
@@ -175,10 +177,19 @@ KBIT_DEQUANT_API(fp32, float)
     int kbit_vllm_wgmma_##SUFFIX(const void* x, const void* pt, const uint8_t* at, const float* cb,       \
                                  const void* bias, int k, int M, int N, int nb, void* y, int rows,        \
                                  int ctas, float* ws, int* counters, void* stream) {                      \
-        return kbit::launch_wgmma<T>(x, pt, at, cb, bias, k, M, N, nb, y, rows, ctas, ws, counters,       \
+        return kbit::launch_wgmma<T>(x, pt, at, cb, bias, k, M, N, nb, y, rows, ctas, ws, counters, 0,    \
                                      static_cast<cudaStream_t>(stream));                                  \
     }                                                                                                     \
+    int kbit_vllm_wgmma_ck_##SUFFIX(const void* x, const void* pt, const uint8_t* at, const float* cb,    \
+                                    const void* bias, int k, int M, int N, int nb, void* y, int rows,     \
+                                    int splits, int ctas, void* stream) {                                 \
+        return kbit::launch_wgmma<T>(x, pt, at, cb, bias, k, M, N, nb, y, rows, ctas, nullptr, nullptr,   \
+                                     splits, static_cast<cudaStream_t>(stream));                          \
+    }                                                                                                     \
     int kbit_vllm_wgmma_ctas_per_sm_##SUFFIX(int k, int rows) { return kbit::wgmma_ctas_per_sm<T>(k, rows); } \
+    int kbit_vllm_wgmma_ck_clusters_##SUFFIX(int k, int rows, int splits) {                               \
+        return kbit::wgmma_ck_clusters<T>(k, rows, splits);                                               \
+    }                                                                                                     \
     int kbit_vllm_gemv_tc_##SUFFIX(const void* x, const void* pt, const uint8_t* at, const float* cb,     \
                                    const void* bias, int k, int M, int N, int nb, void* y, int ctas,      \
                                    float* ws, int* counters, void* stream) {                              \

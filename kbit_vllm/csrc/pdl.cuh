@@ -63,10 +63,21 @@ inline int pdl_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t s
 }
 
 // pdl_launch for a kernel picked at run time: kernel as a function pointer, args as
-// cudaLaunchKernelExC takes them (one pointer to each parameter, in order).
-inline int pdl_launch_c(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void** args) {
-    cudaLaunchAttribute attrs[1];
-    const cudaLaunchConfig_t cfg = pdl_config(grid, block, smem, stream, attrs);
+// cudaLaunchKernelExC takes them (one pointer to each parameter, in order); cluster > 1 launches
+// clusters of that many CTAs along x.
+inline int pdl_launch_c(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void** args,
+                        int cluster = 1) {
+    cudaLaunchAttribute attrs[2];
+    cudaLaunchConfig_t cfg = pdl_config(grid, block, smem, stream, attrs);
+    if (cluster > 1) {
+        cudaLaunchAttribute& a = attrs[cfg.numAttrs];
+        a.id = cudaLaunchAttributeClusterDimension;
+        a.val.clusterDim.x = static_cast<unsigned>(cluster);
+        a.val.clusterDim.y = 1;
+        a.val.clusterDim.z = 1;
+        cfg.attrs = attrs;
+        ++cfg.numAttrs;
+    }
     const cudaError_t e = cudaLaunchKernelExC(&cfg, kernel, args);
     return static_cast<int>(e != cudaSuccess ? e : cudaGetLastError());
 }

@@ -277,6 +277,29 @@ def wgmma_one_cta(capability: tuple[int, int], weights: int, m: int,
     return any(weights <= w and m >= r for w, r in table.get(capability, ()))
 
 
+# Layers (weights at most, first row, last row) whose wgmma launch splits each row tile's stages over
+# a cluster instead of stream-K over one wave (ops.wgmma_ck_config, k <= 4): on small layers the
+# stream-K kernel's partial row tiles (an fp32 reduction in L2, a counter and the last CTA's read
+# back) cost as much as its stages at 64-row tiles, and a cluster adds its CTAs' sums in shared
+# memory; where its grid (row tiles x cluster size, every cluster resident at once) fills at least
+# WGMMA_CK_MIN_FILL of the SMs. H200 2026-11-30 session 49, k=4 bf16 behind a writer of x, M=64 µs
+# cluster / stream-K (cuBLAS bf16): 2048x5120 12.2 / 14.5 (8.4), 2048x4096 11.4 / 12.2 (7.5),
+# 4096x6144 18.6 / 19.6 (17.5), 4096x3072 13.1 / 13.7 (10.9), 4096x4096 15.4 / 15.3 (12.7), k=2
+# alike; 5120x2048 (64 CTAs) 14.2 / 13.7; M=16..32 and the layers above 26 M weights lose (14336x4096
+# M=16 27.8 / 18.8: fewer CTAs, each with more stages). Without the L2 reduction the stream-K kernel
+# took 2048x5120 M=64 in 7.3 µs (RESULTS.md, session 49).
+WGMMA_CK_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
+    (9, 0): ((26 << 20, 33, 64),),
+}
+WGMMA_CK_MIN_FILL = 0.7
+
+
+def wgmma_ck_rule(capability: tuple[int, int], weights: int, m: int) -> bool:
+    """Whether a wgmma launch of m rows on a layer of that many weights splits K over clusters
+    (WGMMA_CK_RULES; the caller also checks the grid's fill, WGMMA_CK_MIN_FILL)."""
+    return any(weights <= w and lo <= m <= hi for w, lo, hi in WGMMA_CK_RULES.get(capability, ()))
+
+
 def wgmma_even_grid(units: int, stages: int, ctas: int) -> int:
     """A one-wave wgmma grid of ctas CTAs over units (row tile, stage) units of stages stages per row
     tile, shrunk by at most 1/16 where that gives every CTA the same whole share of one row tile: no

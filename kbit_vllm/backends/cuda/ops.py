@@ -209,12 +209,64 @@ def wgmma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int) -
     return rows, dispatch.wgmma_even_grid(units, stages, min(per_sm * _sms(dev), units)), row_tiles
 
 
+# Split-K over a cluster (csrc/kbit_wgmma.cu, launch_wgmma with splits > 0): each row tile's stages
+# split evenly over a cluster of 1..WGMMA_CK_MAX_SPLITS CTAs, one an SM, whose sums meet in distributed
+# shared memory (no fp32 accumulator in L2), for row tiles of at most WGMMA_CK_MAX_ROWS rows. kbit_linear
+# takes it for k <= WGMMA_CK_DISPATCH_K where dispatch.WGMMA_CK_RULES ask (k = 5 is not measured).
+WGMMA_CK_MAX_SPLITS = 8
+WGMMA_CK_MAX_ROWS = 64
+WGMMA_CK_DISPATCH_K = 4
+_CK_CLUSTERS: dict[tuple[int, int, str, int, int], int] = {}
+
+
+def wgmma_ck_clusters(dev: torch.device, sfx: str, k: int, rows: int, splits: int) -> int:
+    """Clusters of `splits` CTAs of the wgmma kernel (k bits, rows-row tiles) resident at once on dev
+    (one CTA an SM: the SMs for splits = 1); 0 where none fits."""
+    if splits == 1:
+        return _sms(dev)
+    key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, sfx, rows, splits)
+    if key not in _CK_CLUSTERS:
+        _CK_CLUSTERS[key] = int(getattr(LIB, f"kbit_vllm_wgmma_ck_clusters_{sfx}")(_i(k), _i(rows), _i(splits)))
+    return _CK_CLUSTERS[key]
+
+
+def wgmma_ck_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int,
+                    splits: int | None = None) -> tuple[int, int, int] | None:
+    """(rows, splits, row_tiles) of the split-K wgmma launch: the stream-K kernel's row tile height
+    (dispatch.wgmma_dense_rows) and, unless given, the cluster size that puts the most CTAs in one
+    wave (row tiles x splits, every cluster resident at once; the smaller on a tie); None where the
+    row tile is taller than WGMMA_CK_MAX_ROWS or no size fits one wave."""
+    rows = dispatch.wgmma_dense_rows(m, torch.cuda.get_device_capability(dev), n * nb * 32, k)
+    if rows > WGMMA_CK_MAX_ROWS:
+        return None
+    row_tiles = -(-n // dispatch.wgmma_tile_cols(rows)) * -(-m // rows)
+    stages = -(-nb // WGMMA_STAGE_BLOCKS)
+    if splits is not None:
+        return rows, splits, row_tiles
+    best = None
+    for s in range(1, min(WGMMA_CK_MAX_SPLITS, stages) + 1):
+        if row_tiles <= wgmma_ck_clusters(dev, sfx, k, rows, s) and (best is None or row_tiles * s > best[0]):
+            best = (row_tiles * s, s)
+    return None if best is None else (rows, best[1], row_tiles)
+
+
+def wgmma_ck_wanted(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int) -> bool:
+    """Whether kbit_linear's wgmma launch splits K over clusters: k <= WGMMA_CK_DISPATCH_K, the layer
+    and m under dispatch.WGMMA_CK_RULES, and a grid of at least dispatch.WGMMA_CK_MIN_FILL of the SMs."""
+    if k > WGMMA_CK_DISPATCH_K or not dispatch.wgmma_ck_rule(torch.cuda.get_device_capability(dev), n * nb * 32, m):
+        return False
+    cfg = wgmma_ck_config(dev, sfx, k, m, n, nb)
+    return cfg is not None and cfg[1] * cfg[2] >= dispatch.WGMMA_CK_MIN_FILL * _sms(dev)
+
+
 def path_ok(dev: torch.device, path: str, k: int, m: int) -> bool:
     """Whether a forced tensor-core path ("mma", "mma_tw1", "mma_v1".., "wgmma", "gemv_tc") serves k
     bits and m rows on dev (tests and benchmarks skip the ones that do not; gemv_tc also needs a
     layer of at least one CTA's worth of work units)."""
     if path == "wgmma":
         return wgmma_ok(dev, k)
+    if path.startswith("wgmma_ck"):
+        return wgmma_ok(dev, k) and m <= WGMMA_CK_MAX_ROWS
     if path == "gemv_tc":
         return 0 < m <= TC_MAX_M and wgmma_ok(dev, k)
     return mma_variant_ok(MMA_VARIANTS.get(path, 0), k, m)
@@ -368,7 +420,8 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
     "mma" is the stream-K tensor-core kernel (dispatch.mma_variant(m)) with its default row-tile
     width; "mma_tw1" and "mma_tw2" force the default kernel at 128 or 256 features per row tile;
     "mma_v1".. force a kernel variant (MMA_VARIANTS). "wgmma" is the Hopper kernel (wgmma_ok);
-    "gemv_tc" the Hopper tensor-core GEMV (M <= 8, wgmma_ok).
+    "wgmma_ck" the same kernel split-K over clusters (wgmma_ck_config), "wgmma_ck1".."wgmma_ck8" at that
+    cluster size; "gemv_tc" the Hopper tensor-core GEMV (M <= 8, wgmma_ok).
     """
     m, in_f = x2.shape
     nb = in_f // 32
@@ -442,6 +495,23 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
             _i(out_features), _i(nb), _ptr(y), _i(rows), _i(ctas), _ptr(ws), _ptr(ctr), stream),
               "kbit_linear (wgmma)")
         return y
+    if path.startswith("wgmma_ck"):
+        tail = path[len("wgmma_ck"):]
+        if not wgmma_ok(dev, k) or (tail and (not tail.isdigit() or not 1 <= int(tail) <= WGMMA_CK_MAX_SPLITS)):
+            raise ValueError(f"kbit_linear {path!r} path takes k <= {HOPPER_MAX_K} on compute capability 9.0 "
+                             f"and 1..{WGMMA_CK_MAX_SPLITS} splits (wgmma_ck4) or none (its own choice), got k={k} "
+                             f"on {torch.cuda.get_device_capability(dev)}")
+        cfg = wgmma_ck_config(dev, sfx, k, m, out_features, nb, int(tail) if tail else None)
+        if cfg is None or cfg[1] > -(-nb // WGMMA_STAGE_BLOCKS):
+            raise ValueError(f"kbit_linear {path!r} path takes row tiles of at most {WGMMA_CK_MAX_ROWS} rows, at "
+                             f"most one split per {WGMMA_STAGE_BLOCKS} blocks and a cluster size that fits one "
+                             f"wave, got M={m}, in={in_f}, out={out_features}")
+        rows, splits, row_tiles = cfg
+        check(getattr(LIB, f"kbit_vllm_wgmma_ck_{sfx}")(
+            _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(bias), _i(k), _i(m),
+            _i(out_features), _i(nb), _ptr(y), _i(rows), _i(splits), _i(row_tiles * splits), stream),
+              "kbit_linear (wgmma_ck)")
+        return y
     if path not in ("mma", "mma_tw1", "mma_tw2", *MMA_VARIANTS):
         raise ValueError(f"unknown kbit_linear path {path!r}")
     variant = dispatch.mma_variant(m, k) if path == "mma" else MMA_VARIANTS.get(path, 0)
@@ -482,6 +552,8 @@ def kbit_linear(x: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torch
     path = dispatch.choose_path(x2.shape[0], cc, x2.shape[1] * out_features, k, wgmma)
     if path == "gemv_tc" and gemv_tc_ctas(dev, _ACT_FN[x2.dtype], k, x2.shape[0], out_features, x2.shape[1] // 32) == 0:
         path = dispatch.choose_path(x2.shape[0], cc, x2.shape[1] * out_features, k, False)  # too few units
+    if path == "wgmma" and wgmma_ck_wanted(dev, _ACT_FN[x2.dtype], k, x2.shape[0], out_features, x2.shape[1] // 32):
+        path = "wgmma_ck"
     with torch.cuda.device(dev):
         y = linear_path(x2, aligned16(packed_tiled), aligned16(absmax_tiled), codebook.contiguous(),
                         None if bias is None else bias.contiguous(), k, out_features, path)
