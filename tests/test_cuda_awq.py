@@ -373,6 +373,76 @@ def test_wgmma_wide_rows_matches_reference(dtype: torch.dtype, gs: int, in_f: in
         _check(awq_ops.linear_path(x, wq, sz, b, gs, out_f, "wgmma"), x, w64, b, dtype, f"wgmma M={m} gs={gs}")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("gs", (32, 128))
+@pytest.mark.parametrize("in_f,out_f", ((2720, 1000), (4096, 4096)))
+def test_wgmma_split_k_clusters(dtype: torch.dtype, gs: int, in_f: int, out_f: int) -> None:
+    """The wgmma kernel's split-K launch (each row tile's stages over a cluster of CTAs whose sums
+    meet in distributed shared memory): every cluster size 1..8, stages split evenly and unevenly
+    (43 stages, the last a half stage, on 2720 inputs), outputs past the last row tile, one and two x
+    row tiles, with and without bias, against float64 on outputs poisoned with NaN first; and the
+    same bits on a second run (the cluster adds its CTAs' sums in rank order)."""
+    if not _wgmma_ok():
+        pytest.skip("the wgmma kernel needs compute capability 9.0 and an sm_90a library")
+    if in_f % gs:
+        pytest.skip(f"in {in_f} is no multiple of group {gs}")
+    wq, sz, w64 = _awq_layer(out_f, in_f, gs, dtype)
+    bias = torch.randn(out_f, device="cuda", dtype=dtype)
+    for m in (1, 16, 33, 64, 100):
+        x = torch.randn(m, in_f, device="cuda", dtype=dtype)
+        b = bias if m % 2 else None
+        for splits in range(1, 9):
+            poison_allocator(m * out_f * 2)
+            y = awq_ops.linear_path(x, wq, sz, b, gs, out_f, f"wgmma_ck{splits}")
+            _check(y, x, w64, b, dtype, f"wgmma_ck{splits} M={m} gs={gs}")
+            assert torch.equal(y, awq_ops.linear_path(x, wq, sz, b, gs, out_f, f"wgmma_ck{splits}")), splits
+
+
+@pytest.mark.parametrize("m", (16, 64))
+def test_wgmma_split_k_graph_replay(m: int) -> None:
+    """The split-K launch at its own cluster size under CUDA-graph replays, with new x, and its
+    refusals (a cluster of 9; more CTAs than 64-input stages)."""
+    if not _wgmma_ok():
+        pytest.skip("the wgmma kernel needs compute capability 9.0 and an sm_90a library")
+    dtype, in_f, out_f = torch.bfloat16, 4096, 2056
+    wq, sz, w64 = _awq_layer(out_f, in_f, 128, dtype)
+    bias = torch.randn(out_f, device="cuda", dtype=dtype)
+    x = torch.randn(m, in_f, device="cuda", dtype=dtype)
+    g, y = captured(lambda: awq_ops.linear_path(x, wq, sz, bias, 128, out_f, "wgmma_ck"))
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        y.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        _check(y, x, w64, bias, dtype, "wgmma_ck replay")
+    with pytest.raises(ValueError, match="wgmma_ck"):
+        awq_ops.linear_path(x, wq, sz, bias, 128, out_f, "wgmma_ck9")
+    wq2, sz2, _ = _awq_layer(256, 128, 128, dtype)
+    with pytest.raises(ValueError, match="wgmma_ck"):
+        awq_ops.linear_path(x[:, :128].contiguous(), wq2, sz2, None, 128, 256, "wgmma_ck3")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_op_takes_wgmma_split_k(dtype: torch.dtype, monkeypatch) -> None:
+    """awq_linear launches the wgmma kernel split-K over clusters where WGMMA_CK_RULES and the grid's
+    fill ask (a 2048x4096 layer at M = 33..64 on the H200): its output is the forced launch's, bit
+    for bit (the cluster's sums meet in a fixed order), and right; elsewhere stream-K."""
+    if not _wgmma_ok() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the rule is measured on compute capability 9.0 with an sm_90a library")
+    monkeypatch.setenv("KBIT_VLLM_DETERMINISTIC", "0")
+    in_f, out_f = 2048, 4096
+    wq, sz, w64 = _awq_layer(out_f, in_f, 128, dtype)
+    dev = torch.device("cuda")
+    for m in (16, 33, 64):
+        wanted = awq_ops.wgmma_ck_wanted(dev, awq_ops.SUFFIX[dtype], m, in_f, out_f)
+        assert wanted == (m >= 33), m
+        x = torch.randn(m, in_f, device="cuda", dtype=dtype)
+        y = ops.awq_linear(x, wq, sz, None, 128, out_f)
+        _check(y, x, w64, None, dtype, f"op M={m}")
+        if wanted:
+            assert torch.equal(y, awq_ops.linear_path(x, wq, sz, None, 128, out_f, "wgmma_ck"))
+
+
 @pytest.mark.parametrize("m", (5, 24, 63))
 def test_wgmma_op_dispatch_and_graph_replay(monkeypatch, m: int) -> None:
     """Where awq_ops.WGMMA_RULES say so the op runs the wgmma kernel (row tiles of 16, 32, 64 rows;

@@ -359,6 +359,40 @@ def test_wgmma_split_k_cluster_rule() -> None:
     assert 0 < dispatch.WGMMA_CK_MIN_FILL <= 1
 
 
+def test_awq_wgmma_small_layers_to_64_rows() -> None:
+    """H200: awq_orin's small layers (above 4 M weights) take the wgmma kernel up to M=64, split-K
+    over clusters from M=33 (WGMMA_CK_RULES, as kbit's); 1 M-weight layers keep M <= 32 on it."""
+    from kbit_vllm.backends.cuda import awq_ops, dispatch
+
+    for w in (2048 * 5120, 2048 * 4096, 4096 * 3072):
+        assert [awq_ops.choose_path(m, (9, 0), True, w) for m in (5, 33, 64, 65)] == ["wgmma"] * 3 + ["dequant"]
+        assert [dispatch.wgmma_ck_rule((9, 0), w, m, awq_ops.WGMMA_CK_RULES) for m in (32, 33, 64, 65)] == [
+            False, True, True, False]
+    assert [awq_ops.choose_path(m, (9, 0), True, 2048 * 512) for m in (32, 33)] == ["wgmma", "mma"]
+    assert not dispatch.wgmma_ck_rule((9, 0), 14336 * 4096, 64, awq_ops.WGMMA_CK_RULES)
+    assert not dispatch.wgmma_ck_rule((8, 9), 2048 * 5120, 64, awq_ops.WGMMA_CK_RULES)
+
+
+def test_wgmma_split_k_sizes() -> None:
+    """The split-K launch's cluster size: the most CTAs in one wave with every cluster resident at
+    once, the smaller size on a tie, at most the stages and 8; none where nothing fits one wave;
+    forced path names parse, others raise."""
+    from kbit_vllm.backends.cuda import dispatch
+
+    h200 = {1: 132, 2: 66, 3: 39, 4: 30, 5: 22, 6: 17, 7: 15, 8: 15}  # measured clusters resident at once
+    assert dispatch.wgmma_ck_splits(20, 32, h200.get) == 5      # 2048x5120 at 64 rows: 100 CTAs
+    assert dispatch.wgmma_ck_splits(16, 64, h200.get) == 6      # 4096x4096: 96 (7 and 8: 15 clusters)
+    assert dispatch.wgmma_ck_splits(12, 64, h200.get) == 8      # 4096x3072
+    assert dispatch.wgmma_ck_splits(24, 64, h200.get) == 4      # 4096x6144
+    assert dispatch.wgmma_ck_splits(16, 2, h200.get) == 2       # 128 inputs: two stages
+    assert dispatch.wgmma_ck_splits(112, 64, h200.get) == 1     # 4096x28672: one CTA a row tile
+    assert dispatch.wgmma_ck_splits(200, 64, h200.get) is None  # more row tiles than SMs
+    assert [dispatch.wgmma_ck_path_splits(p, "op") for p in ("wgmma_ck", "wgmma_ck1", "wgmma_ck8")] == [None, 1, 8]
+    for bad in ("wgmma_ck0", "wgmma_ck9", "wgmma_ckx", "wgmma"):
+        with pytest.raises(ValueError, match="op"):
+            dispatch.wgmma_ck_path_splits(bad, "op")
+
+
 def test_awq_tensor_core_gemv_rules() -> None:
     """H200: the tensor-core GEMV takes M = 1..8 on layers above 70 M weights, M = 1..4 above 40 M,
     M = 2 above 20 M, none above 12 M and M = 4 above 4 M, before the wgmma rules; nowhere without

@@ -25,9 +25,11 @@ int mma(const void* x, const int32_t* wq, const void* sz, const void* bias, void
 int mma_splits(int m, int in, int out);
 template <typename T>
 int wgmma(const void* x, const int32_t* wq, const void* sz, const void* bias, void* y, int m, int in, int out,
-          int group, int rows, int ctas, float* ws, int* counters, cudaStream_t stream);
+          int group, int rows, int ctas, float* ws, int* counters, int splits, cudaStream_t stream);
 template <typename T>
 int wgmma_ctas_per_sm(int rows);
+template <typename T>
+int wgmma_ck_clusters(int rows, int splits);
 template <typename T>
 int dequant(const int32_t* wq, const void* sz, void* w_out, int in, int out, int group, int n_exp,
             cudaStream_t stream);
@@ -63,10 +65,19 @@ extern "C" {
     int kbit_vllm_awq_wgmma_##SUFFIX(const void* x, const int32_t* wq, const void* sz, const void* bias,    \
                                      void* y, int m, int in, int out, int group, int rows, int ctas,        \
                                      float* ws, int* counters, void* stream) {                              \
-        return awq::wgmma<T>(x, wq, sz, bias, y, m, in, out, group, rows, ctas, ws, counters,               \
+        return awq::wgmma<T>(x, wq, sz, bias, y, m, in, out, group, rows, ctas, ws, counters, 0,            \
+                             static_cast<cudaStream_t>(stream));                                            \
+    }                                                                                                       \
+    int kbit_vllm_awq_wgmma_ck_##SUFFIX(const void* x, const int32_t* wq, const void* sz, const void* bias, \
+                                        void* y, int m, int in, int out, int group, int rows, int splits,   \
+                                        int ctas, void* stream) {                                           \
+        return awq::wgmma<T>(x, wq, sz, bias, y, m, in, out, group, rows, ctas, nullptr, nullptr, splits,   \
                              static_cast<cudaStream_t>(stream));                                            \
     }                                                                                                       \
     int kbit_vllm_awq_wgmma_ctas_per_sm_##SUFFIX(int rows) { return awq::wgmma_ctas_per_sm<T>(rows); }      \
+    int kbit_vllm_awq_wgmma_ck_clusters_##SUFFIX(int rows, int splits) {                                    \
+        return awq::wgmma_ck_clusters<T>(rows, splits);                                                     \
+    }                                                                                                       \
     int kbit_vllm_awq_dequant_##SUFFIX(const int32_t* wq, const void* sz, void* w_out, int in, int out,     \
                                        int group, int n_exp, void* stream) {                                \
         return awq::dequant<T>(wq, sz, w_out, in, out, group, n_exp, static_cast<cudaStream_t>(stream));    \

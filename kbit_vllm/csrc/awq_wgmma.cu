@@ -39,6 +39,7 @@
 #include "mma_ptx.cuh"
 #include "pdl.cuh"
 #include "stream_k.cuh"
+#include "wgmma_cluster.cuh"
 
 
 namespace awq {
@@ -55,7 +56,7 @@ template <typename T, int R>
 __global__ void __launch_bounds__(kAwThreads, AwCfg<R>::kOneCta ? 1 : 2)
     awq_wgmma_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_w,
                      const __grid_constant__ CUtensorMap tm_s, const T* __restrict__ bias, T* __restrict__ y, int M,
-                     int in, int out, int group, float* __restrict__ ws, int* __restrict__ counters) {
+                     int in, int out, int group, float* __restrict__ ws, int* __restrict__ counters, int splits) {
 #if defined(KBIT_WGMMA)
     using C = AwCfg<R>;
     constexpr int kAwRows = R, kAwSlotBytes = C::kSlotBytes, kAwSlots = C::kSlots;
@@ -69,8 +70,13 @@ __global__ void __launch_bounds__(kAwThreads, AwCfg<R>::kOneCta ? 1 : 2)
     const int gshift = __ffs(group) - 1;  // group is a power of two (host check)
     const long long ctas = gridDim.x, cta = blockIdx.x;
     const long long units = static_cast<long long>(n_rt) * m_tiles * nst;
-    const int u0 = static_cast<int>(sk_start(cta, units, ctas));
-    const int u1 = static_cast<int>(sk_start(cta + 1, units, ctas));
+    // Stream-K: CTA cta sums units [u0, u1). Split-K over a cluster (splits > 0, wgmma_cluster.cuh): row
+    // tile blockIdx.x / splits, its stages split evenly among the cluster's CTAs (splits <= nst).
+    const int ck_q = static_cast<int>(cta) / max(splits, 1), ck_r = static_cast<int>(cta) - ck_q * max(splits, 1);
+    const int u0 = splits > 0 ? ck_q * nst + static_cast<int>(sk_start(ck_r, nst, splits))
+                              : static_cast<int>(sk_start(cta, units, ctas));
+    const int u1 = splits > 0 ? ck_q * nst + static_cast<int>(sk_start(ck_r + 1, nst, splits))
+                              : static_cast<int>(sk_start(cta + 1, units, ctas));
     // Slots start on a 1024-byte boundary (the swizzle atom of the TMA boxes).
     const uint32_t raw_s = ptx::smem_u32(smem_raw);
     const uint32_t smem_s = (raw_s + 1023u) & ~1023u;
@@ -138,6 +144,15 @@ __global__ void __launch_bounds__(kAwThreads, AwCfg<R>::kOneCta ? 1 : 2)
         const int rt = q / m_tiles, mt = q - rt * m_tiles;
         const int f0 = rt * kAwCols + fl;
         bool write = true;
+        if constexpr (R <= 64) {
+            static_assert(kbit::ck_sums_bytes(R) <= C::kBarOff && kAwThreads == kbit::kCkThreads,
+                          "a CTA's sums fit below its mbarriers");
+            if (splits > 1) {  // the cluster's sums meet in shared memory; this CTA writes its share of y
+                kbit::ck_cluster_reduce<T, R>(reinterpret_cast<float*>(smem_raw), acc, fl, g, tid, splits, y, bias,
+                                              M, out, mt * kAwRows, rt * kAwCols);
+                break;  // one row tile per CTA
+            }
+        }
         if (!(seg_from_start && st_last == nst - 1)) {
             const long long first = static_cast<long long>(q) * nst, lastu = first + nst - 1;
             const long long wf = sk_owner(first, units, ctas), wl = sk_owner(lastu, units, ctas);
@@ -194,15 +209,22 @@ int ctas_per_sm_rows() {
 
 template <typename T, int R>
 int launch_rows(const CUtensorMap& tmx, const CUtensorMap& tmw, const CUtensorMap& tms, const void* bias, void* y,
-                int m, int in, int out, int group, int ctas, float* ws, int* counters, cudaStream_t stream) {
+                int m, int in, int out, int group, int ctas, float* ws, int* counters, int splits,
+                cudaStream_t stream) {
     const void* f = reinterpret_cast<const void*>(awq_wgmma_kernel<T, R>);
-    const cudaError_t attr = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, AwCfg<R>::kBytes);
+    const int smem = splits > 0 ? kbit::ck_smem(AwCfg<R>::kBytes) : AwCfg<R>::kBytes;
+    const cudaError_t attr = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (attr != cudaSuccess) return static_cast<int>(attr);
     const T* bt = static_cast<const T*>(bias);
     T* yt = static_cast<T*>(y);
     CUtensorMap mx = tmx, mw = tmw, ms = tms;
-    void* args[] = {&mx, &mw, &ms, &bt, &yt, &m, &in, &out, &group, &ws, &counters};
-    return kbit::pdl_launch_c(f, dim3(ctas), dim3(kAwThreads), AwCfg<R>::kBytes, stream, args);
+    void* args[] = {&mx, &mw, &ms, &bt, &yt, &m, &in, &out, &group, &ws, &counters, &splits};
+    return kbit::pdl_launch_c(f, dim3(ctas), dim3(kAwThreads), smem, stream, args, splits > 1 ? splits : 1);
+}
+
+template <typename T, int R>
+int ck_clusters_rows(int splits) {
+    return kbit::ck_max_clusters(reinterpret_cast<const void*>(awq_wgmma_kernel<T, R>), AwCfg<R>::kBytes, splits);
 }
 
 }  // namespace
@@ -225,37 +247,65 @@ int wgmma_ctas_per_sm(int rows) {
 template int wgmma_ctas_per_sm<half>(int);
 template int wgmma_ctas_per_sm<__nv_bfloat16>(int);
 
-// rows: x rows per row tile (16, 32, 64, 128, 160 or 192; the wgmma N). ctas: grid size, 1..units where units =
-// ceil(out / 256) * ceil(m / rows) * ceil(in / 64). ws: a zeroed fp32 accumulator of
-// ceil(out / 256) * ceil(m / rows) row tiles of rows x 256 floats, counters as many zeroed int32;
-// both are left zero.
+// Clusters of `splits` (2..8) CTAs of the kernel with `rows` x rows per row tile (16, 32 or 64) resident
+// at once (split-K launches); 0 on error, for other rows, or where !wgmma_device_ok().
+template <typename T>
+int wgmma_ck_clusters(int rows, int splits) {
+    if (!ptx::wgmma_device_ok()) return 0;
+    switch (rows) {
+        case 16: return ck_clusters_rows<T, 16>(splits);
+        case 32: return ck_clusters_rows<T, 32>(splits);
+        case 64: return ck_clusters_rows<T, 64>(splits);
+        default: return 0;
+    }
+}
+template int wgmma_ck_clusters<half>(int, int);
+template int wgmma_ck_clusters<__nv_bfloat16>(int, int);
+
+// rows: x rows per row tile (16, 32, 64, 128, 160 or 192; the wgmma N). splits = 0: stream-K, ctas the grid
+// size, 1..units where units = ceil(out / 256) * ceil(m / rows) * ceil(in / 64); ws a zeroed fp32
+// accumulator of ceil(out / 256) * ceil(m / rows) row tiles of rows x 256 floats, counters as many
+// zeroed int32; both are left zero. splits = 1..8 (rows <= 64, at most the ceil(in / 64) stages):
+// split-K, each row tile's stages split evenly over a cluster of `splits` CTAs, one an SM, whose sums
+// meet in distributed shared memory (wgmma_cluster.cuh); ctas must be row tiles x splits, ws and
+// counters are not touched.
 template <typename T>
 int wgmma(const void* x, const int32_t* wq, const void* sz, const void* bias, void* y, int m, int in, int out,
-          int group, int rows, int ctas, float* ws, int* counters, cudaStream_t stream) {
+          int group, int rows, int ctas, float* ws, int* counters, int splits, cudaStream_t stream) {
     if (m == 0 || out == 0) return 0;
     if (rows != 16 && rows != 32 && rows != 64 && rows != 128 && rows != 160 && rows != 192)
         return static_cast<int>(cudaErrorInvalidValue);
-    const long long units = static_cast<long long>((out + kAwCols - 1) / kAwCols) * ((m + rows - 1) / rows) *
-                            ((in + kAwBK - 1) / kAwBK);
+    const long long row_tiles = static_cast<long long>((out + kAwCols - 1) / kAwCols) * ((m + rows - 1) / rows);
+    const long long units = row_tiles * ((in + kAwBK - 1) / kAwBK);
     if (m < 0 || in <= 0 || out < 0 || in % 32 || out % 8 || group < 32 || (group & (group - 1)) || in % group || ctas < 1 ||
-        ctas > units || units > (1LL << 30) || ws == nullptr || counters == nullptr || !ptx::wgmma_device_ok())
+        ctas > units || units > (1LL << 30) || !ptx::wgmma_device_ok())
+        return static_cast<int>(cudaErrorInvalidValue);
+    if (splits == 0 ? (ws == nullptr || counters == nullptr)
+                    : (splits < 0 || splits > 8 || rows > 64 || splits > (in + kAwBK - 1) / kAwBK ||
+                       ctas != row_tiles * splits))
         return static_cast<int>(cudaErrorInvalidValue);
     CUtensorMap tmx, tmw, tms;
     if (!aw_tensor_maps<T>(&tmx, &tmw, &tms, x, m, wq, out / 8, sz, in / group, in, out, rows))
         return static_cast<int>(cudaErrorInvalidValue);
     switch (rows) {
-        case 16: return launch_rows<T, 16>(tmx, tmw, tms, bias, y, m, in, out, group, ctas, ws, counters, stream);
-        case 32: return launch_rows<T, 32>(tmx, tmw, tms, bias, y, m, in, out, group, ctas, ws, counters, stream);
-        case 64: return launch_rows<T, 64>(tmx, tmw, tms, bias, y, m, in, out, group, ctas, ws, counters, stream);
-        case 128: return launch_rows<T, 128>(tmx, tmw, tms, bias, y, m, in, out, group, ctas, ws, counters, stream);
-        case 160: return launch_rows<T, 160>(tmx, tmw, tms, bias, y, m, in, out, group, ctas, ws, counters, stream);
-        default: return launch_rows<T, 192>(tmx, tmw, tms, bias, y, m, in, out, group, ctas, ws, counters, stream);
+        case 16: return launch_rows<T, 16>(tmx, tmw, tms, bias, y, m, in, out, group, ctas, ws, counters, splits,
+                                           stream);
+        case 32: return launch_rows<T, 32>(tmx, tmw, tms, bias, y, m, in, out, group, ctas, ws, counters, splits,
+                                           stream);
+        case 64: return launch_rows<T, 64>(tmx, tmw, tms, bias, y, m, in, out, group, ctas, ws, counters, splits,
+                                           stream);
+        case 128: return launch_rows<T, 128>(tmx, tmw, tms, bias, y, m, in, out, group, ctas, ws, counters, splits,
+                                             stream);
+        case 160: return launch_rows<T, 160>(tmx, tmw, tms, bias, y, m, in, out, group, ctas, ws, counters, splits,
+                                             stream);
+        default: return launch_rows<T, 192>(tmx, tmw, tms, bias, y, m, in, out, group, ctas, ws, counters, splits,
+                                            stream);
     }
 }
 
 template int wgmma<half>(const void*, const int32_t*, const void*, const void*, void*, int, int, int, int, int, int,
-                         float*, int*, cudaStream_t);
+                         float*, int*, int, cudaStream_t);
 template int wgmma<__nv_bfloat16>(const void*, const int32_t*, const void*, const void*, void*, int, int, int, int,
-                                  int, int, float*, int*, cudaStream_t);
+                                  int, int, float*, int*, int, cudaStream_t);
 
 }  // namespace awq

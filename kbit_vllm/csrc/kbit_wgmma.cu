@@ -41,7 +41,7 @@
 // * Or split-K over a cluster (splits > 0, k <= 4 where dispatch.WGMMA_CK_RULES ask: layers of at
 //   most 26 M weights at 33..64 rows): grid = row tiles x splits, one CTA an SM, a cluster of
 //   `splits` CTAs per row tile, each summing an even share of its stages; the cluster's sums meet in
-//   distributed shared memory (kw_cluster_reduce). On those layers stream-K's L2 reduction, counter
+//   distributed shared memory (wgmma_cluster.cuh). On those layers stream-K's L2 reduction, counter
 //   and read back cost about as much as the stages (RESULTS.md, session 49).
 // * Loads are asynchronous copies that lane 0 of warps 0..4 issue, one copy each (kw_load_part),
 //   and a per-slot mbarrier counts in bytes: a bulk copy of each layout tile's plane words and of
@@ -63,73 +63,13 @@
 //   (both m64 tiles) are one commit group with their own A registers; before decoding a half a
 //   warp waits until at most one group (the other half's) is pending, so the tensor cores run one
 //   half while the warp decodes the next.
-#include <cooperative_groups.h>
-
 #include "kbit_wgmma_tile.cuh"
 #include "pdl.cuh"
+#include "wgmma_cluster.cuh"
 
 namespace kbit {
 
 namespace {
-
-// Split-K over a cluster (launch_wgmma with splits > 1): the end of a CTA's share of one 256-feature
-// row tile. Every CTA of the cluster writes its sums into its own shared memory (the tables and
-// slots are free once its last stage is done) as [row][feature] floats (rows padded by 4 floats, so
-// a warp's 16-byte stores meet no bank twice); after a cluster barrier CTA `rank` adds up its
-// 1/`splits` share of the tile's floats across the cluster's CTAs in rank order (distributed shared
-// memory: the same sums in the same order every run) and writes them, bias added, to y; a second
-// barrier keeps every CTA's shared memory alive until the others have read it. No sums leave the
-// cluster: no fp32 accumulator, counter or last-CTA election in L2 (RESULTS.md, session 49).
-constexpr int kCkStride = 256 + 4;  // floats per row of a CTA's sums
-template <typename T, int R, int NA, int NR>
-__device__ __forceinline__ void kw_cluster_reduce(float* buf, const float (&acc)[NA][NR], const KwLane& L, int tid,
-                                                  int splits, T* __restrict__ y, const T* __restrict__ bias, int M,
-                                                  int N, int row0, int f_base) {
-    namespace cg = cooperative_groups;
-    static_assert(NA == 2 && NR == R / 2, "two m64 tiles of R rows a warpgroup (R <= 128)");
-    const cg::cluster_group cluster = cg::this_cluster();
-    const int fl = L.tw * kTileN + L.c0;  // the lane's 4 adjacent features in the row tile
-    __syncthreads();  // every warp is done with the tables and slots
-#pragma unroll
-    for (int j = 0; j < R / 8; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-            *reinterpret_cast<float4*>(buf + (8 * j + 2 * L.g + h) * kCkStride + fl) =
-                make_float4(acc[0][4 * j + h], acc[0][4 * j + 2 + h], acc[1][4 * j + h], acc[1][4 * j + 2 + h]);
-    cluster.sync();
-    const int rank = static_cast<int>(cluster.block_rank());
-    const float* src[8];
-#pragma unroll
-    for (int s = 0; s < 8; ++s) src[s] = cluster.map_shared_rank(buf, s < splits ? s : 0);
-    constexpr int kF4 = R * 64;  // float4s of the row tile
-    const int lo = kF4 * rank / splits, hi = kF4 * (rank + 1) / splits;
-    for (int idx = lo + tid; idx < hi; idx += kWgThreads) {
-        const int row = idx >> 6, f = 4 * (idx & 63);
-        const int off = row * kCkStride + f;
-        float4 v = *reinterpret_cast<const float4*>(src[0] + off);
-#pragma unroll
-        for (int s = 1; s < 8; ++s)
-            if (s < splits) {
-                const float4 w = *reinterpret_cast<const float4*>(src[s] + off);
-                v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
-            }
-        const int gr = row0 + row, gf = f_base + f;
-        if (gr >= M || gf >= N) continue;
-        float o[4] = {v.x, v.y, v.z, v.w};
-        T* dst = y + static_cast<size_t>(gr) * N + gf;
-        if (N % 4 == 0) {  // gf is a multiple of 4: all four in range
-            if (bias != nullptr)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) o[e] += to_float(bias[gf + e]);
-            *reinterpret_cast<uint2*>(dst) = make_uint2(pack2<T>(o[0], o[1]), pack2<T>(o[2], o[3]));
-        } else {
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                if (gf + e < N) dst[e] = from_float<T>(o[e] + (bias != nullptr ? to_float(bias[gf + e]) : 0.f));
-        }
-    }
-    cluster.sync();  // the other CTAs have read this one's sums
-}
 
 template <typename T, int K, int R, int C5>
 __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5, true>::kOneCta ? 1 : 2)
@@ -248,10 +188,11 @@ __global__ void __launch_bounds__(kWgThreads, WgCfg<K, R, C5, true>::kOneCta ? 1
         const int f0 = (rt * TW + tw) * kTileN + c0;
         bool write = true;
         if constexpr (MT == 2 && R <= 64) {
-            static_assert(R * kCkStride * 4 + 1024 <= S::kBarOff, "a CTA's sums fit below its mbarriers");
+            static_assert(ck_sums_bytes(R) + 1024 <= S::kBarOff && kWgThreads == kCkThreads,
+                          "a CTA's sums fit below its mbarriers");
             if (splits > 1) {  // the cluster's sums meet in shared memory; this CTA writes its share of y
-                kw_cluster_reduce<T, R>(reinterpret_cast<float*>(smem_raw), acc, L, tid, splits, y, bias, M, N,
-                                        mt * kWgRows, rt * TW * kTileN);
+                ck_cluster_reduce<T, R>(reinterpret_cast<float*>(smem_raw), acc, L.tw * kTileN + L.c0, L.g, tid,
+                                        splits, y, bias, M, N, mt * kWgRows, rt * TW * kTileN);
                 break;  // one row tile per CTA
             }
         }
@@ -373,36 +314,14 @@ int wgmma_ctas_per_sm(int k, int rows) {
 template int wgmma_ctas_per_sm<half>(int, int);
 template int wgmma_ctas_per_sm<__nv_bfloat16>(int, int);
 
-// Dynamic shared memory of a split-K launch (splits > 0): more than two CTAs may take, so each CTA of
-// a cluster has an SM to itself (the scheduler may otherwise place two of a cluster on one SM).
-int wgmma_ck_smem(int smem) { return smem > kWgTwoCtaBytes ? smem : kWgTwoCtaBytes + 1024; }
-
 // Clusters of `splits` CTAs of the kernel for k bits and `rows` x rows that can be resident at once
 // (split-K launches, splits 2..8, rows <= 64); 0 on error or where !wgmma_device_ok().
 template <typename T>
 int wgmma_ck_clusters(int k, int rows, int splits) {
     int smem = 0;
     const void* f = wgmma_pick<T>(k, rows, &smem);
-    if (!wgmma_device_ok() || f == nullptr || rows > 64 || splits < 2 || splits > 8) return 0;
-    smem = wgmma_ck_smem(smem);
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = static_cast<unsigned>(splits);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.gridDim = dim3(splits);
-    cfg.blockDim = dim3(kWgThreads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    int n = 0;
-    if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
-        cudaOccupancyMaxActiveClusters(&n, f, &cfg) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
-    }
-    return n;
+    if (!wgmma_device_ok() || f == nullptr || rows > 64) return 0;
+    return ck_max_clusters(f, smem, splits);
 }
 template int wgmma_ck_clusters<half>(int, int, int);
 template int wgmma_ck_clusters<__nv_bfloat16>(int, int, int);
@@ -432,7 +351,7 @@ int launch_wgmma(const void* x, const void* pt, const uint8_t* at, const float* 
                     : (splits < 0 || splits > 8 || (splits > 1 && rows > 64) || splits > (nb + kWgBK - 1) / kWgBK ||
                        ctas != row_tiles * splits))
         return static_cast<int>(cudaErrorInvalidValue);
-    if (splits > 0) smem = wgmma_ck_smem(smem);
+    if (splits > 0) smem = ck_smem(smem);
     // x [M, nb * 32] in rows x 64-input boxes with the 128-byte swizzle (the wgmma B layout).
     CUtensorMap tmx;
     const CUtensorMapDataType xdt =

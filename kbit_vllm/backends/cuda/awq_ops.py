@@ -59,9 +59,17 @@ DISPATCH = {90: (4, 64)}
 # (fp16 behind a writer, `bench_awq.py --behind-writer --extra ...`), wgmma / the op's GEMV: M=3
 # 4096x6144 11.0 / 11.7 (tensor core), 4096x4096 9.5 / 10.4 (warp), 4096x8192 12.6 / 13.5, 8192x4096
 # 12.9 / 13.6; so 12-48 M layers take it from M=3 (where TC_RULES leave it the rows: M=2 above
-# 20 M, M = 2..4 above 40 M go to the tensor-core GEMV).
+# 20 M, M = 2..4 above 40 M go to the tensor-core GEMV). Session 49 (bf16 and fp16 behind a writer,
+# the same within 2%), bf16 µs at M = 33 / 48 / 64, mma / dequant / wgmma / wgmma split-K over a
+# cluster (WGMMA_CK_RULES): 2048x5120 15.6 / 16.3 / 17.5, 14.2 / 14.0 / 14.3, 13.2 / 13.3 / 13.4,
+# 11.3 / 11.4 / 11.4; 5120x2048 15.6 / 16.3 / 16.8, 16.8 / 16.8 / 17.3, 12.6 / 12.7 / 12.9 (split-K
+# 13.2); 2048x4096 12.8 / 13.3 / 14.0, 12.8 / 12.3 / 12.9, 11.5 / 11.6 / 11.7, 10.7 / 10.7 / 10.7;
+# 4096x2048 mma 12.6 / 13.1 / 13.8, wgmma 11.9 / 12.0 / 12.1; 4096x3072 mma 15.6 / 16.2 / 17.4,
+# wgmma 13.3 / 13.3 / 13.3, split-K 12.3 / 12.4 / 12.6; but 2048x512 (1 M) dequant 7.4 / 7.2 / 7.6,
+# wgmma 8.2 / 8.3 / 8.5: layers above 4 M take it to M=64.
 WGMMA_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (9, 0): ((100 << 20, 2, 1024), (48 << 20, 2, 960), (20 << 20, 3, 384), (12 << 20, 3, 192), (0, 5, 32)),
+    (9, 0): ((100 << 20, 2, 1024), (48 << 20, 2, 960), (20 << 20, 3, 384), (12 << 20, 3, 192), (4 << 20, 5, 64),
+             (0, 5, 32)),
 }
 _SUFFIX = SUFFIX
 
@@ -275,6 +283,58 @@ def wgmma_config(dev: torch.device, suffix: str, m: int, in_f: int, out_f: int) 
     return rows, dispatch.wgmma_even_grid(units, stages, min(per_sm * sm_count(dev), units)), row_tiles
 
 
+# Split-K over a cluster (csrc/awq_wgmma.cu with splits > 0, csrc/wgmma_cluster.cuh): each row tile's
+# stages split evenly over a cluster of CTAs, one an SM, whose sums meet in distributed shared memory,
+# for row tiles of at most WGMMA_CK_MAX_ROWS rows; awq_linear takes it where WGMMA_CK_RULES (weights
+# at most, first row, last row) and the grid's fill (dispatch.WGMMA_CK_MIN_FILL) ask. H200 2026-11-30
+# session 49, g128 bf16 behind a writer, µs wgmma split-K / stream-K at M = 33 / 48 / 64: 2048x5120
+# 11.3 / 11.4 / 11.4 against 13.2 / 13.3 / 13.4, 2048x4096 10.7 against 11.5-11.7, 4096x3072 12.3-12.6
+# against 13.3, 4096x4096 14.2 / 14.1 / 14.1 against 14.5 / 14.5 / 14.6, 4096x6144 M=48 / 64 17.4 /
+# 17.4 against 17.9 / 18.0; fp16 alike; M = 16..32 lose (4096x6144 M=16 14.1 / 11.4), and so do the
+# layers whose clusters fill half the SMs (5120x2048: 8 row tiles of 8 CTAs, 13.2 against 12.8).
+WGMMA_CK_MAX_ROWS = 64
+WGMMA_CK_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
+    (9, 0): ((26 << 20, 33, 64),),
+}
+_CK_CLUSTERS: dict[tuple[int, str, int, int], int] = {}
+
+
+def wgmma_ck_clusters(dev: torch.device, suffix: str, rows: int, splits: int) -> int:
+    """Clusters of `splits` CTAs of the wgmma kernel (rows-row tiles) resident at once on dev (one
+    CTA an SM: the SMs for splits = 1); 0 where none fits."""
+    if splits == 1:
+        return sm_count(dev)
+    key = (dev.index if dev.index is not None else torch.cuda.current_device(), suffix, rows, splits)
+    if key not in _CK_CLUSTERS:
+        _CK_CLUSTERS[key] = int(getattr(LIB, f"kbit_vllm_awq_wgmma_ck_clusters_{suffix}")(
+            ctypes.c_int(rows), ctypes.c_int(splits)))
+    return _CK_CLUSTERS[key]
+
+
+def wgmma_ck_config(dev: torch.device, suffix: str, m: int, in_f: int, out_f: int,
+                    splits: int | None = None) -> tuple[int, int, int] | None:
+    """(rows, splits, row_tiles) of the split-K wgmma launch: the stream-K launch's row tile height
+    (wgmma_rows) and, unless given, dispatch.wgmma_ck_splits' cluster size; None where the row tile is
+    taller than WGMMA_CK_MAX_ROWS or no size fits one wave."""
+    rows = wgmma_rows(m, torch.cuda.get_device_capability(dev), in_f * out_f)
+    if rows > WGMMA_CK_MAX_ROWS:
+        return None
+    row_tiles = -(-out_f // WGMMA_TILE_COLS) * -(-m // rows)
+    if splits is None:
+        splits = dispatch.wgmma_ck_splits(row_tiles, -(-in_f // WGMMA_STAGE_INPUTS),
+                                          lambda s: wgmma_ck_clusters(dev, suffix, rows, s))
+    return None if splits is None else (rows, splits, row_tiles)
+
+
+def wgmma_ck_wanted(dev: torch.device, suffix: str, m: int, in_f: int, out_f: int) -> bool:
+    """Whether awq_linear's wgmma launch splits K over clusters: the layer and m under
+    WGMMA_CK_RULES and a grid of at least dispatch.WGMMA_CK_MIN_FILL of the SMs."""
+    if not dispatch.wgmma_ck_rule(torch.cuda.get_device_capability(dev), in_f * out_f, m, WGMMA_CK_RULES):
+        return False
+    cfg = wgmma_ck_config(dev, suffix, m, in_f, out_f)
+    return cfg is not None and cfg[1] * cfg[2] >= dispatch.WGMMA_CK_MIN_FILL * sm_count(dev)
+
+
 def linear_path(x2: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, bias: torch.Tensor | None,
                 group_size: int, out_features: int, path: str) -> torch.Tensor:
     """y [m, out] = x2 [m, in] @ W^T + bias through one named kernel path (benchmarks call it too).
@@ -282,7 +342,8 @@ def linear_path(x2: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, bias: torc
     "gemv" is the stream-K GEMV for M <= 4 where the layer has enough units for a full wave (outside
     deterministic mode), else the warp GEMV; "gemv_sk" and "gemv_warp" name one of them, "gemv_tc" the
     Hopper tensor-core GEMV (M <= 8). "mma" is
-    the tensor-core kernel, "wgmma" the Hopper one (wgmma_ok), "dequant" dequantize + cuBLAS.
+    the tensor-core kernel, "wgmma" the Hopper one (wgmma_ok), "wgmma_ck" the same split-K over clusters
+    (wgmma_ck_config; "wgmma_ck1".."wgmma_ck8" at that cluster size), "dequant" dequantize + cuBLAS.
     """
     m, in_f = x2.shape
     dev = x2.device
@@ -335,6 +396,20 @@ def linear_path(x2: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, bias: torc
             check(getattr(LIB, f"kbit_vllm_awq_wgmma_{suffix}")(
                 _ptr(x2), _ptr(wq), _ptr(sz), _ptr(bias), _ptr(y), ctypes.c_int(m), *dims[:3], ctypes.c_int(rows),
                 ctypes.c_int(ctas), _ptr(ws), _ptr(ctr), stream), "awq_linear (wgmma)")
+        elif path.startswith("wgmma_ck"):
+            forced = dispatch.wgmma_ck_path_splits(path, "awq_linear")
+            if not wgmma_ok(dev, 4):
+                raise ValueError(f"awq_linear {path!r} path needs compute capability 9.0 and a library built for "
+                                 f"sm_90a, got {torch.cuda.get_device_capability(dev)}")
+            cfg = wgmma_ck_config(dev, suffix, m, in_f, out_features, forced)
+            if cfg is None or cfg[1] > -(-in_f // WGMMA_STAGE_INPUTS):
+                raise ValueError(f"awq_linear {path!r} path takes row tiles of at most {WGMMA_CK_MAX_ROWS} rows, at "
+                                 f"most one split per {WGMMA_STAGE_INPUTS} inputs and a cluster size that fits one "
+                                 f"wave, got M={m}, in={in_f}, out={out_features}")
+            rows, splits, row_tiles = cfg
+            check(getattr(LIB, f"kbit_vllm_awq_wgmma_ck_{suffix}")(
+                _ptr(x2), _ptr(wq), _ptr(sz), _ptr(bias), _ptr(y), ctypes.c_int(m), *dims[:3], ctypes.c_int(rows),
+                ctypes.c_int(splits), ctypes.c_int(row_tiles * splits), stream), "awq_linear (wgmma_ck)")
         elif path == "mma":
             splits = int(LIB.kbit_vllm_awq_mma_splits(ctypes.c_int(m), ctypes.c_int(in_f), ctypes.c_int(out_features)))
             ws = torch.empty((splits * m * out_features if splits > 1 else 0,), dtype=torch.float32, device=x2.device)
@@ -358,6 +433,8 @@ def awq_linear(x, wq, sz, bias, group_size, out_features):
     x2 = aligned16(x2)
     wgmma = not dispatch.deterministic() and wgmma_ok(x.device, 4)
     path = choose_path(x2.shape[0], torch.cuda.get_device_capability(x.device), wgmma, in_f * out_features)
+    if path == "wgmma" and wgmma_ck_wanted(x.device, _SUFFIX[x2.dtype], x2.shape[0], in_f, out_features):
+        path = "wgmma_ck"
     y = linear_path(x2, aligned16(wq), aligned16(sz), bias.contiguous() if bias is not None else None, group_size,
                     out_features, path)
     return y.reshape(*x.shape[:-1], out_features)

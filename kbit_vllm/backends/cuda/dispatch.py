@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 DETERMINISTIC_ENV = "KBIT_VLLM_DETERMINISTIC"
 PDL_ENV = "KBIT_VLLM_PDL"
@@ -294,10 +294,38 @@ WGMMA_CK_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
 WGMMA_CK_MIN_FILL = 0.7
 
 
-def wgmma_ck_rule(capability: tuple[int, int], weights: int, m: int) -> bool:
-    """Whether a wgmma launch of m rows on a layer of that many weights splits K over clusters
-    (WGMMA_CK_RULES; the caller also checks the grid's fill, WGMMA_CK_MIN_FILL)."""
-    return any(weights <= w and lo <= m <= hi for w, lo, hi in WGMMA_CK_RULES.get(capability, ()))
+WGMMA_CK_MAX_SPLITS = 8  # CTAs of a cluster at most (the portable cluster size)
+
+
+def wgmma_ck_rule(capability: tuple[int, int], weights: int, m: int,
+                  rules: Mapping[tuple[int, int], tuple[tuple[int, int, int], ...]] | None = None) -> bool:
+    """Whether a wgmma launch of m rows on a layer of that many weights splits K over clusters:
+    rules (weights at most, first row, last row) per capability, the kbit kernel's WGMMA_CK_RULES
+    unless given (awq_ops.WGMMA_CK_RULES for awq_orin); the caller also checks the grid's fill
+    (WGMMA_CK_MIN_FILL)."""
+    table = WGMMA_CK_RULES if rules is None else rules
+    return any(weights <= w and lo <= m <= hi for w, lo, hi in table.get(capability, ()))
+
+
+def wgmma_ck_path_splits(path: str, op: str) -> int | None:
+    """The cluster size a forced path names ("wgmma_ck4": 4), None for "wgmma_ck" (the launch's own
+    choice); a ValueError naming op for anything else."""
+    tail = path[len("wgmma_ck"):]
+    if not path.startswith("wgmma_ck") or (tail and (not tail.isdigit() or not 1 <= int(tail) <= WGMMA_CK_MAX_SPLITS)):
+        raise ValueError(f"{op} {path!r} path: expected wgmma_ck (its own cluster size) or wgmma_ck1.."
+                         f"wgmma_ck{WGMMA_CK_MAX_SPLITS}")
+    return int(tail) if tail else None
+
+
+def wgmma_ck_splits(row_tiles: int, stages: int, clusters: Callable[[int], int]) -> int | None:
+    """The cluster size of a split-K wgmma launch: the one of 1..WGMMA_CK_MAX_SPLITS (at most the
+    stages) that puts the most CTAs (row tiles x size) in one wave, every cluster resident at once
+    (clusters(size): how many can be); the smaller on a tie; None where no size fits one wave."""
+    best = None
+    for s in range(1, min(WGMMA_CK_MAX_SPLITS, stages) + 1):
+        if row_tiles <= clusters(s) and (best is None or row_tiles * s > best[0]):
+            best = (row_tiles * s, s)
+    return None if best is None else best[1]
 
 
 def wgmma_even_grid(units: int, stages: int, ctas: int) -> int:

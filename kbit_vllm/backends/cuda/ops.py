@@ -213,7 +213,7 @@ def wgmma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int) -
 # split evenly over a cluster of 1..WGMMA_CK_MAX_SPLITS CTAs, one an SM, whose sums meet in distributed
 # shared memory (no fp32 accumulator in L2), for row tiles of at most WGMMA_CK_MAX_ROWS rows. kbit_linear
 # takes it for k <= WGMMA_CK_DISPATCH_K where dispatch.WGMMA_CK_RULES ask (k = 5 is not measured).
-WGMMA_CK_MAX_SPLITS = 8
+WGMMA_CK_MAX_SPLITS = dispatch.WGMMA_CK_MAX_SPLITS
 WGMMA_CK_MAX_ROWS = 64
 WGMMA_CK_DISPATCH_K = 4
 _CK_CLUSTERS: dict[tuple[int, int, str, int, int], int] = {}
@@ -240,14 +240,10 @@ def wgmma_ck_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int
     if rows > WGMMA_CK_MAX_ROWS:
         return None
     row_tiles = -(-n // dispatch.wgmma_tile_cols(rows)) * -(-m // rows)
-    stages = -(-nb // WGMMA_STAGE_BLOCKS)
-    if splits is not None:
-        return rows, splits, row_tiles
-    best = None
-    for s in range(1, min(WGMMA_CK_MAX_SPLITS, stages) + 1):
-        if row_tiles <= wgmma_ck_clusters(dev, sfx, k, rows, s) and (best is None or row_tiles * s > best[0]):
-            best = (row_tiles * s, s)
-    return None if best is None else (rows, best[1], row_tiles)
+    if splits is None:
+        splits = dispatch.wgmma_ck_splits(row_tiles, -(-nb // WGMMA_STAGE_BLOCKS),
+                                          lambda s: wgmma_ck_clusters(dev, sfx, k, rows, s))
+    return None if splits is None else (rows, splits, row_tiles)
 
 
 def wgmma_ck_wanted(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int) -> bool:
@@ -496,12 +492,11 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
               "kbit_linear (wgmma)")
         return y
     if path.startswith("wgmma_ck"):
-        tail = path[len("wgmma_ck"):]
-        if not wgmma_ok(dev, k) or (tail and (not tail.isdigit() or not 1 <= int(tail) <= WGMMA_CK_MAX_SPLITS)):
-            raise ValueError(f"kbit_linear {path!r} path takes k <= {HOPPER_MAX_K} on compute capability 9.0 "
-                             f"and 1..{WGMMA_CK_MAX_SPLITS} splits (wgmma_ck4) or none (its own choice), got k={k} "
-                             f"on {torch.cuda.get_device_capability(dev)}")
-        cfg = wgmma_ck_config(dev, sfx, k, m, out_features, nb, int(tail) if tail else None)
+        forced = dispatch.wgmma_ck_path_splits(path, "kbit_linear")
+        if not wgmma_ok(dev, k):
+            raise ValueError(f"kbit_linear {path!r} path takes k <= {HOPPER_MAX_K} on compute capability 9.0, got "
+                             f"k={k} on {torch.cuda.get_device_capability(dev)}")
+        cfg = wgmma_ck_config(dev, sfx, k, m, out_features, nb, forced)
         if cfg is None or cfg[1] > -(-nb // WGMMA_STAGE_BLOCKS):
             raise ValueError(f"kbit_linear {path!r} path takes row tiles of at most {WGMMA_CK_MAX_ROWS} rows, at "
                              f"most one split per {WGMMA_STAGE_BLOCKS} blocks and a cluster size that fits one "
