@@ -35,6 +35,9 @@
 // * Stream-K over one wave, unit = (row tile, stage), row tile = (256 outputs, R x rows); partial
 //   row tiles reduce into a zeroed fp32 accumulator with a per-tile counter, as kbit_wgmma.cu.
 //   No deterministic mode (backends/cuda/awq_ops.py picks the mma.sync kernel there).
+// * Or split-K over a cluster (splits > 0; awq_ops.WGMMA_CK_RULES: layers of at most 26 M weights at
+//   33..64 rows): a cluster of `splits` CTAs per row tile, one an SM, each summing an even share of
+//   its stages, the sums meeting in distributed shared memory (wgmma_cluster.cuh).
 #include "awq_wgmma_tile.cuh"
 #include "mma_ptx.cuh"
 #include "pdl.cuh"
