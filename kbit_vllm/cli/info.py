@@ -42,13 +42,15 @@ KBIT_NAMES = {"gemv": "GEMV (shared-memory codebook decode, split-K; at M=1 on s
               "gemv_tc": "Hopper tensor-core GEMV (up to M = 3..8 on large layers, fewer rows on smaller "
                          "ones; dispatch.TC_ROWS, TC_ROWS_K4)",
               "mma": "tensor-core MMA (split-K)",
-              "wgmma": "Hopper wgmma (row ranges by layer size: dispatch.WGMMA_RULES, WGMMA_SMALL_ROWS)",
+              "wgmma": "Hopper wgmma (row ranges by layer size: dispatch.WGMMA_RULES, WGMMA_SMALL_ROWS; "
+                       "split-K over a cluster on small layers at 33..64 rows: dispatch.WGMMA_CK_RULES)",
               "dequant": "dequantize to a buffer + cuBLAS"}
 AWQ_NAMES = {"gemv": "LOP3 GEMV / small batch (stream-K at M<=4 on large layers)",
              "gemv_tc": "Hopper tensor-core GEMV (M = 1..8 above 70 M weights, fewer rows on smaller "
                         "layers; awq_ops.TC_RULES)",
              "mma": "tensor-core LOP3 MMA (split-K)",
-             "wgmma": "Hopper wgmma (on layers above 48 M weights; smaller ones: awq_ops.WGMMA_RULES)",
+             "wgmma": "Hopper wgmma (on layers above 48 M weights; smaller ones: awq_ops.WGMMA_RULES; "
+                      "split-K over a cluster on small layers at 33..64 rows: awq_ops.WGMMA_CK_RULES)",
              "dequant": "dequantize to a buffer + cuBLAS"}
 
 
