@@ -361,14 +361,19 @@ def test_wgmma_split_k_cluster_rule() -> None:
 
 def test_awq_wgmma_small_layers_to_64_rows() -> None:
     """H200: awq_orin's small layers (above 4 M weights) take the wgmma kernel up to M=64, split-K
-    over clusters from M=33 (WGMMA_CK_RULES, as kbit's); 1 M-weight layers keep M <= 32 on it."""
+    over clusters from M=33 (WGMMA_CK_RULES, as kbit's); layers of at most 4 M weights keep M <= 32
+    on it and take dequantize + cuBLAS past that (DEQUANT_FROM), in deterministic mode too."""
     from kbit_vllm.backends.cuda import awq_ops, dispatch
 
     for w in (2048 * 5120, 2048 * 4096, 4096 * 3072):
         assert [awq_ops.choose_path(m, (9, 0), True, w) for m in (5, 33, 64, 65)] == ["wgmma"] * 3 + ["dequant"]
         assert [dispatch.wgmma_ck_rule((9, 0), w, m, awq_ops.WGMMA_CK_RULES) for m in (32, 33, 64, 65)] == [
             False, True, True, False]
-    assert [awq_ops.choose_path(m, (9, 0), True, 2048 * 512) for m in (32, 33)] == ["wgmma", "mma"]
+    for w in (2048 * 512, 2048 * 2048, 1024 * 4096):  # at most 4 M weights: dequantize + cuBLAS past 32 rows
+        assert [awq_ops.choose_path(m, (9, 0), True, w) for m in (32, 33, 64)] == ["wgmma", "dequant", "dequant"]
+        assert [awq_ops.choose_path(m, (9, 0), False, w) for m in (32, 33)] == ["mma", "dequant"]
+    assert awq_ops.choose_path(33, (8, 0), True, 2048 * 512) == "mma"
+    assert awq_ops.choose_path(33, (9, 0), True) == "mma"  # weights unknown
     assert not dispatch.wgmma_ck_rule((9, 0), 14336 * 4096, 64, awq_ops.WGMMA_CK_RULES)
     assert not dispatch.wgmma_ck_rule((8, 9), 2048 * 5120, 64, awq_ops.WGMMA_CK_RULES)
 
@@ -391,6 +396,10 @@ def test_wgmma_split_k_sizes() -> None:
     for bad in ("wgmma_ck0", "wgmma_ck9", "wgmma_ckx", "wgmma"):
         with pytest.raises(ValueError, match="op"):
             dispatch.wgmma_ck_path_splits(bad, "op")
+    assert dispatch.wgmma_ck_launch((64, 4, 20), 32, "op", "wgmma_ck4", "M=64", 64) == (64, 4, 20)
+    for cfg in (None, (64, 4, 20)):  # no config; more splits than the 2 stages
+        with pytest.raises(ValueError, match=r"op 'wgmma_ck4' path .*\(2 here\)"):
+            dispatch.wgmma_ck_launch(cfg, 2, "op", "wgmma_ck4", "M=64", 64)
 
 
 def test_awq_tensor_core_gemv_rules() -> None:

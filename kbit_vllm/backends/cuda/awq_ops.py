@@ -134,10 +134,21 @@ TC_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
 }
 
 
+# Layers of at most this many weights take dequantize + cuBLAS from this row on, where DISPATCH would
+# run the MMA (per compute capability: (weights at most, first row)). H200 2026-11-30 session 49, g128
+# bf16 behind a writer of x, µs at M = 33 / 48 / 64 mma / dequant / wgmma: 2048x512 10.1 / 11.2 /
+# 11.3, 7.6 / 7.6 / 7.2, 8.3 / 8.1 / 8.3; 512x2048 9.3-9.8, 5.2-5.3, 7.9-8.1; 1024x1024 10.8-11.7,
+# 5.9-6.2, 8.1-8.5; 2048x2048 12.3-12.8, 9.9-10.2, 10.6-10.8; 1024x4096 12.5-13.3, 8.3-8.7, 10.4-10.5;
+# but 2048x4096 (8 M) dequant 12.3-12.9 against wgmma split-K 10.7 (WGMMA_RULES, WGMMA_CK_RULES).
+DEQUANT_FROM: dict[tuple[int, int], tuple[int, int]] = {
+    (9, 0): (4 << 20, 33),
+}
+
+
 def choose_path(m: int, capability: tuple[int, int], wgmma: bool = False, weights: int = 0) -> str:
     """'gemv', 'gemv_tc', 'mma', 'wgmma' or 'dequant' for an activation with m rows of a layer of
     `weights` (in x out) weights (wgmma: whether the Hopper kernels (wgmma, tensor-core GEMV) can
-    run here, wgmma_ok outside deterministic mode)."""
+    run here, wgmma_ok outside deterministic mode; weights 0: unknown)."""
     if wgmma:
         if dispatch.rule_takes(TC_RULES.get(capability, ()), weights, m):
             return "gemv_tc"
@@ -146,6 +157,9 @@ def choose_path(m: int, capability: tuple[int, int], wgmma: bool = False, weight
     gemv_max, mma_max = DISPATCH.get(capability[0] * 10 + capability[1], DISPATCH[90])
     if 0 < m <= gemv_max:
         return "gemv"
+    small = DEQUANT_FROM.get(capability)
+    if small is not None and 0 < weights <= small[0] and m >= small[1]:
+        return "dequant"
     return "mma" if 0 < m <= mma_max else "dequant"
 
 
@@ -401,12 +415,9 @@ def linear_path(x2: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, bias: torc
             if not wgmma_ok(dev, 4):
                 raise ValueError(f"awq_linear {path!r} path needs compute capability 9.0 and a library built for "
                                  f"sm_90a, got {torch.cuda.get_device_capability(dev)}")
-            cfg = wgmma_ck_config(dev, suffix, m, in_f, out_features, forced)
-            if cfg is None or cfg[1] > -(-in_f // WGMMA_STAGE_INPUTS):
-                raise ValueError(f"awq_linear {path!r} path takes row tiles of at most {WGMMA_CK_MAX_ROWS} rows, at "
-                                 f"most one split per {WGMMA_STAGE_INPUTS} inputs and a cluster size that fits one "
-                                 f"wave, got M={m}, in={in_f}, out={out_features}")
-            rows, splits, row_tiles = cfg
+            rows, splits, row_tiles = dispatch.wgmma_ck_launch(
+                wgmma_ck_config(dev, suffix, m, in_f, out_features, forced), -(-in_f // WGMMA_STAGE_INPUTS),
+                "awq_linear", path, f"M={m}, in={in_f}, out={out_features}", WGMMA_CK_MAX_ROWS)
             check(getattr(LIB, f"kbit_vllm_awq_wgmma_ck_{suffix}")(
                 _ptr(x2), _ptr(wq), _ptr(sz), _ptr(bias), _ptr(y), ctypes.c_int(m), *dims[:3], ctypes.c_int(rows),
                 ctypes.c_int(splits), ctypes.c_int(row_tiles * splits), stream), "awq_linear (wgmma_ck)")

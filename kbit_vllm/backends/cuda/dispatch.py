@@ -317,6 +317,17 @@ def wgmma_ck_path_splits(path: str, op: str) -> int | None:
     return int(tail) if tail else None
 
 
+def wgmma_ck_launch(cfg: tuple[int, int, int] | None, stages: int, op: str, path: str, shape: str,
+                    max_rows: int) -> tuple[int, int, int]:
+    """A split-K launch's (rows, splits, row_tiles) from its config (None: no row tile of at most
+    max_rows rows or no cluster size fitting one wave), a ValueError naming op and path where the
+    config is missing or has more splits than the layer's stages."""
+    if cfg is None or cfg[1] > stages:
+        raise ValueError(f"{op} {path!r} path takes row tiles of at most {max_rows} rows, at most one split per "
+                         f"stage ({stages} here) and a cluster size that fits one wave, got {shape}")
+    return cfg
+
+
 def wgmma_ck_splits(row_tiles: int, stages: int, clusters: Callable[[int], int]) -> int | None:
     """The cluster size of a split-K wgmma launch: the one of 1..WGMMA_CK_MAX_SPLITS (at most the
     stages) that puts the most CTAs (row tiles x size) in one wave, every cluster resident at once

@@ -496,12 +496,9 @@ def linear_path(x2: torch.Tensor, packed_tiled: torch.Tensor, absmax_tiled: torc
         if not wgmma_ok(dev, k):
             raise ValueError(f"kbit_linear {path!r} path takes k <= {HOPPER_MAX_K} on compute capability 9.0, got "
                              f"k={k} on {torch.cuda.get_device_capability(dev)}")
-        cfg = wgmma_ck_config(dev, sfx, k, m, out_features, nb, forced)
-        if cfg is None or cfg[1] > -(-nb // WGMMA_STAGE_BLOCKS):
-            raise ValueError(f"kbit_linear {path!r} path takes row tiles of at most {WGMMA_CK_MAX_ROWS} rows, at "
-                             f"most one split per {WGMMA_STAGE_BLOCKS} blocks and a cluster size that fits one "
-                             f"wave, got M={m}, in={in_f}, out={out_features}")
-        rows, splits, row_tiles = cfg
+        rows, splits, row_tiles = dispatch.wgmma_ck_launch(
+            wgmma_ck_config(dev, sfx, k, m, out_features, nb, forced), -(-nb // WGMMA_STAGE_BLOCKS), "kbit_linear",
+            path, f"M={m}, in={in_f}, out={out_features}", WGMMA_CK_MAX_ROWS)
         check(getattr(LIB, f"kbit_vllm_wgmma_ck_{sfx}")(
             _ptr(x2), _ptr(packed_tiled), _ptr(absmax_tiled), _ptr(codebook), _ptr(bias), _i(k), _i(m),
             _i(out_features), _i(nb), _ptr(y), _i(rows), _i(splits), _i(row_tiles * splits), stream),
