@@ -292,8 +292,6 @@ WGMMA_CK_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
     (9, 0): ((26 << 20, 33, 64),),
 }
 WGMMA_CK_MIN_FILL = 0.7
-
-
 WGMMA_CK_MAX_SPLITS = 8  # CTAs of a cluster at most (the portable cluster size)
 
 
