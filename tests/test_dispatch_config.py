@@ -396,10 +396,35 @@ def test_wgmma_split_k_sizes() -> None:
     for bad in ("wgmma_ck0", "wgmma_ck9", "wgmma_ckx", "wgmma"):
         with pytest.raises(ValueError, match="op"):
             dispatch.wgmma_ck_path_splits(bad, "op")
+    assert [dispatch.wgmma_ck_fills(c, 132) for c in ((64, 5, 20), (64, 6, 16), (64, 8, 8), None)] == [
+        True, True, False, False]  # 100 and 96 CTAs of 132; 64; no config
     assert dispatch.wgmma_ck_launch((64, 4, 20), 32, "op", "wgmma_ck4", "M=64", 64) == (64, 4, 20)
     for cfg in (None, (64, 4, 20)):  # no config; more splits than the 2 stages
         with pytest.raises(ValueError, match=r"op 'wgmma_ck4' path .*\(2 here\)"):
             dispatch.wgmma_ck_launch(cfg, 2, "op", "wgmma_ck4", "M=64", 64)
+
+
+def test_wgmma_ck_clusters_asked_once() -> None:
+    """Both formats' cluster counts are asked of the library once per (device, kernel, size) and kept;
+    the kbit and awq_orin kernels of the same rows are kept apart."""
+    import torch
+
+    from kbit_vllm.backends.cuda import ops
+
+    asked: list[str] = []
+
+    def query(name: str, n: int):
+        return lambda: asked.append(name) or n
+
+    dev = torch.device("cuda", 7)  # an index no other test uses: nothing cached for it yet
+    try:
+        assert ops.ck_clusters_cached(dev, ("kbit", 4, "bf16", 64), 8, query("kbit", 15)) == 15
+        assert ops.ck_clusters_cached(dev, ("kbit", 4, "bf16", 64), 8, query("kbit", 99)) == 15
+        assert ops.ck_clusters_cached(dev, ("awq", "bf16", 64), 8, query("awq", 14)) == 14
+        assert asked == ["kbit", "awq"]
+    finally:
+        for key in [k for k in ops._CK_CLUSTERS if k[0] == 7]:
+            del ops._CK_CLUSTERS[key]
 
 
 def test_awq_tensor_core_gemv_rules() -> None:

@@ -27,7 +27,7 @@ from .cargs import SUFFIX
 from .cargs import ptr as _ptr
 from .grouped_mm import grouped_mm_into, prefers_dequant
 from .library import LIB, check, kernels_usable, sm_count
-from .ops import aligned16, wgmma_ok
+from .ops import aligned16, ck_clusters_cached, wgmma_ok
 from .scratch import scratch
 
 # (largest M for the GEMV kernel, largest M for the MMA kernel) per compute capability, from
@@ -306,23 +306,17 @@ def wgmma_config(dev: torch.device, suffix: str, m: int, in_f: int, out_f: int) 
 # against 13.3, 4096x4096 14.2 / 14.1 / 14.1 against 14.5 / 14.5 / 14.6, 4096x6144 M=48 / 64 17.4 /
 # 17.4 against 17.9 / 18.0; fp16 alike; M = 16..32 lose (4096x6144 M=16 14.1 / 11.4), and so do the
 # layers whose clusters fill half the SMs (5120x2048: 8 row tiles of 8 CTAs, 13.2 against 12.8).
-WGMMA_CK_MAX_ROWS = 64
+WGMMA_CK_MAX_ROWS = dispatch.WGMMA_CK_MAX_ROWS
 WGMMA_CK_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
     (9, 0): ((26 << 20, 33, 64),),
 }
-_CK_CLUSTERS: dict[tuple[int, str, int, int], int] = {}
 
 
 def wgmma_ck_clusters(dev: torch.device, suffix: str, rows: int, splits: int) -> int:
     """Clusters of `splits` CTAs of the wgmma kernel (rows-row tiles) resident at once on dev (one
     CTA an SM: the SMs for splits = 1); 0 where none fits."""
-    if splits == 1:
-        return sm_count(dev)
-    key = (dev.index if dev.index is not None else torch.cuda.current_device(), suffix, rows, splits)
-    if key not in _CK_CLUSTERS:
-        _CK_CLUSTERS[key] = int(getattr(LIB, f"kbit_vllm_awq_wgmma_ck_clusters_{suffix}")(
-            ctypes.c_int(rows), ctypes.c_int(splits)))
-    return _CK_CLUSTERS[key]
+    return ck_clusters_cached(dev, ("awq", suffix, rows), splits, lambda: getattr(
+        LIB, f"kbit_vllm_awq_wgmma_ck_clusters_{suffix}")(ctypes.c_int(rows), ctypes.c_int(splits)))
 
 
 def wgmma_ck_config(dev: torch.device, suffix: str, m: int, in_f: int, out_f: int,
@@ -345,8 +339,7 @@ def wgmma_ck_wanted(dev: torch.device, suffix: str, m: int, in_f: int, out_f: in
     WGMMA_CK_RULES and a grid of at least dispatch.WGMMA_CK_MIN_FILL of the SMs."""
     if not dispatch.wgmma_ck_rule(torch.cuda.get_device_capability(dev), in_f * out_f, m, WGMMA_CK_RULES):
         return False
-    cfg = wgmma_ck_config(dev, suffix, m, in_f, out_f)
-    return cfg is not None and cfg[1] * cfg[2] >= dispatch.WGMMA_CK_MIN_FILL * sm_count(dev)
+    return dispatch.wgmma_ck_fills(wgmma_ck_config(dev, suffix, m, in_f, out_f), sm_count(dev))
 
 
 def linear_path(x2: torch.Tensor, wq: torch.Tensor, sz: torch.Tensor, bias: torch.Tensor | None,

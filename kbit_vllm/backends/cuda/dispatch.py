@@ -293,6 +293,7 @@ WGMMA_CK_RULES: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
 }
 WGMMA_CK_MIN_FILL = 0.7
 WGMMA_CK_MAX_SPLITS = 8  # CTAs of a cluster at most (the portable cluster size)
+WGMMA_CK_MAX_ROWS = 64  # x rows of a row tile at most (both kernels: two m64 tiles a warpgroup)
 
 
 def wgmma_ck_rule(capability: tuple[int, int], weights: int, m: int,
@@ -303,6 +304,12 @@ def wgmma_ck_rule(capability: tuple[int, int], weights: int, m: int,
     (WGMMA_CK_MIN_FILL)."""
     table = WGMMA_CK_RULES if rules is None else rules
     return any(weights <= w and lo <= m <= hi for w, lo, hi in table.get(capability, ()))
+
+
+def wgmma_ck_fills(cfg: tuple[int, int, int] | None, sms: int) -> bool:
+    """Whether a split-K launch's (rows, splits, row_tiles) config has a grid (row tiles x splits)
+    of at least WGMMA_CK_MIN_FILL of the sms SMs (None: no config)."""
+    return cfg is not None and cfg[1] * cfg[2] >= WGMMA_CK_MIN_FILL * sms
 
 
 def wgmma_ck_path_splits(path: str, op: str) -> int | None:

@@ -8,6 +8,7 @@ tensors made here. kbit_linear picks GEMV / MMA / dequantize + cuBLAS by M insid
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -214,20 +215,27 @@ def wgmma_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int) -
 # shared memory (no fp32 accumulator in L2), for row tiles of at most WGMMA_CK_MAX_ROWS rows. kbit_linear
 # takes it for k <= WGMMA_CK_DISPATCH_K where dispatch.WGMMA_CK_RULES ask (k = 5 is not measured).
 WGMMA_CK_MAX_SPLITS = dispatch.WGMMA_CK_MAX_SPLITS
-WGMMA_CK_MAX_ROWS = 64
+WGMMA_CK_MAX_ROWS = dispatch.WGMMA_CK_MAX_ROWS
 WGMMA_CK_DISPATCH_K = 4
-_CK_CLUSTERS: dict[tuple[int, int, str, int, int], int] = {}
+_CK_CLUSTERS: dict[tuple, int] = {}
+
+
+def ck_clusters_cached(dev: torch.device, kernel: tuple, splits: int, query: Callable[[], int]) -> int:
+    """Clusters of `splits` CTAs of a split-K wgmma kernel (named by `kernel`, both formats) resident at
+    once on dev, one CTA an SM: the SMs for splits = 1, else query()'s answer, asked once per device."""
+    if splits == 1:
+        return _sms(dev)
+    key = (dev.index if dev.index is not None else torch.cuda.current_device(), *kernel, splits)
+    if key not in _CK_CLUSTERS:
+        _CK_CLUSTERS[key] = int(query())
+    return _CK_CLUSTERS[key]
 
 
 def wgmma_ck_clusters(dev: torch.device, sfx: str, k: int, rows: int, splits: int) -> int:
     """Clusters of `splits` CTAs of the wgmma kernel (k bits, rows-row tiles) resident at once on dev
     (one CTA an SM: the SMs for splits = 1); 0 where none fits."""
-    if splits == 1:
-        return _sms(dev)
-    key = (dev.index if dev.index is not None else torch.cuda.current_device(), k, sfx, rows, splits)
-    if key not in _CK_CLUSTERS:
-        _CK_CLUSTERS[key] = int(getattr(LIB, f"kbit_vllm_wgmma_ck_clusters_{sfx}")(_i(k), _i(rows), _i(splits)))
-    return _CK_CLUSTERS[key]
+    return ck_clusters_cached(dev, ("kbit", k, sfx, rows), splits, lambda: getattr(
+        LIB, f"kbit_vllm_wgmma_ck_clusters_{sfx}")(_i(k), _i(rows), _i(splits)))
 
 
 def wgmma_ck_config(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int,
@@ -251,8 +259,7 @@ def wgmma_ck_wanted(dev: torch.device, sfx: str, k: int, m: int, n: int, nb: int
     and m under dispatch.WGMMA_CK_RULES, and a grid of at least dispatch.WGMMA_CK_MIN_FILL of the SMs."""
     if k > WGMMA_CK_DISPATCH_K or not dispatch.wgmma_ck_rule(torch.cuda.get_device_capability(dev), n * nb * 32, m):
         return False
-    cfg = wgmma_ck_config(dev, sfx, k, m, n, nb)
-    return cfg is not None and cfg[1] * cfg[2] >= dispatch.WGMMA_CK_MIN_FILL * _sms(dev)
+    return dispatch.wgmma_ck_fills(wgmma_ck_config(dev, sfx, k, m, n, nb), _sms(dev))
 
 
 def path_ok(dev: torch.device, path: str, k: int, m: int) -> bool:
